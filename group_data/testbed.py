@@ -1,0 +1,22 @@
+"""Data for the local testbed (group named after inventories/testbed.py, so it comes last).
+
+The testbed's Hugging Face mirror serves a tiny generated checkpoint under the Lightning
+NVFP4 repo id at a pinned commit; the stand-in vLLM image comes from a local archive.
+"""
+import os
+
+from nemofleet.testbed import read_state, testbed_dir
+
+_s = read_state()
+model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": _s.get("model_revision", "main")}
+hf_endpoint = _s.get("mirror_url")
+vllm_image = os.environ.get("NEMOFLEET_TESTBED_IMAGE", "vllm/vllm-openai:v0.27.1")
+vllm_image_archive = (_s.get("archives") or {}).get(vllm_image)
+vllm_api_key_file = str(testbed_dir() / "api-key")
+hf_token_file = str(testbed_dir() / "hf-token")
+frontends = [
+    {"name": "open-webui", "network": "open-webui_default", "alias": "nemotron", "create": True},
+    {"name": "dify", "network": "dify_default", "alias": "nemotron", "create": True},
+]
+health_check_infer = True
+ready_timeout = 120

@@ -1,0 +1,18 @@
+"""Example production inventory: one list per GPU class (group_data/gpu_<class>.py applies).
+
+Replace the addresses with your hosts. Per-host data overrides group data, e.g. a host
+that should serve two TP=4 instances of Super VL instead of the class default.
+"""
+
+gpu_a100 = [
+    ("a100-01.example.internal", {"ssh_user": "root"}),
+]
+
+gpu_h100 = [
+    ("h100-01.example.internal", {"ssh_user": "root"}),
+    ("h100-02.example.internal", {"ssh_user": "root", "model": "nemotron-3.5-super-vl-bf16"}),
+]
+
+gpu_h200 = [
+    ("h200-01.example.internal", {"ssh_user": "root"}),
+]

@@ -1,0 +1,35 @@
+"""The local testbed of simulated GPU hosts (started by `nemofleet testbed up` / `make demo`).
+
+Hosts are reached over real SSH on 127.0.0.1 only, with the key generated for this testbed.
+Deliberately broken hosts join only when NEMOFLEET_TESTBED_BROKEN=1 (the tests do that).
+NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
+"""
+import os
+
+from nemofleet.testbed import read_state, testbed_dir
+
+_state = read_state()
+if not _state.get("hosts"):
+    raise SystemExit("the nemofleet testbed is not up: run `make demo` or `nemofleet testbed up` first")
+
+_only = [h for h in os.environ.get("NEMOFLEET_TESTBED_HOSTS", "").split(",") if h]
+_broken = os.environ.get("NEMOFLEET_TESTBED_BROKEN") == "1"
+_groups: dict = {}
+for _name, _h in _state["hosts"].items():
+    if _only and _name not in _only:
+        continue
+    if _name.startswith("broken") and not _broken and not _only:
+        continue
+    _groups.setdefault(_h["group"] or "gpu_unknown", []).append((_name, {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": _h["port"],
+        "ssh_user": "root",
+        "ssh_key": _state["key"],
+        "ssh_known_hosts_file": str(testbed_dir() / "known_hosts"),
+        "ssh_strict_host_key_checking": "accept-new",
+    }))
+
+gpu_a100 = _groups.get("gpu_a100", [])
+gpu_h100 = _groups.get("gpu_h100", [])
+gpu_h200 = _groups.get("gpu_h200", [])
+gpu_b200 = _groups.get("gpu_b200", [])

@@ -1,0 +1,217 @@
+"""The stages of deploys/nemotron.py: preflight, host configuration, weights, serving, health.
+
+Each stage is a pyinfra @deploy. Decisions come from the serving plan (plan.py) and the
+preflight verdict (preflight.py); this module only turns them into operations.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from . import preflight as checks
+from . import render
+from .facts.host import HostFacts
+from .operations import daemon_json, docker, files, preflight, units, weights
+from .operations.daemon_json import DaemonJsonError, validate_settings
+from .plan import Plan, PlanError
+
+DEFAULT_FRONTENDS: list[dict] = []
+
+
+def data() -> dict:
+    """host.data as a plain dict (pyinfra's HostData has no items())."""
+    from pyinfra.api.host import extract_callable_datas
+
+    keys: set = set()
+    for layer in extract_callable_datas(host.data.datas):
+        keys.update(layer.keys())
+    return {k: host.data.get(k) for k in keys}
+
+
+def settings() -> dict:
+    return data()
+
+
+def _facts(s: dict) -> dict:
+    return host.get_fact(HostFacts, models_root=s.get("models_root", "/srv/nemofleet/models"),
+                         image=s.get("vllm_image", "vllm/vllm-openai:v0.27.1"))
+
+
+def docker_settings(s: dict, p: Plan | None, facts: dict) -> dict:
+    """The daemon.json keys nemofleet owns on this host."""
+    desired: dict = {}
+    if facts["toolkit"].get("runtime") or facts["toolkit"].get("version"):
+        desired["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}
+    if s.get("docker_default_runtime"):
+        desired["default-runtime"] = s["docker_default_runtime"]
+    for key, name in (("docker_registry_mirrors", "registry-mirrors"), ("docker_insecure_registries", "insecure-registries")):
+        if s.get(key) is not None:
+            desired[name] = s[key] or None
+    if s.get("docker_log_driver", "json-file"):
+        desired["log-driver"] = s.get("docker_log_driver", "json-file")
+    if s.get("docker_log_opts", True) is not None:
+        desired["log-opts"] = s.get("docker_log_opts") or {"max-size": "100m", "max-file": "3"}
+    exec_opts = s.get("docker_exec_opts")
+    if exec_opts is None and p is not None and p.docker_exec_opts:
+        exec_opts = p.docker_exec_opts
+    if exec_opts is not None:
+        desired["exec-opts"] = exec_opts or None
+    if p is not None and p.gpu_method == "cdi":
+        major = int(checks.vt(facts["docker"].get("server"))[0])
+        if major < 28:  # reference §3.2: CDI is on by default from 28.3
+            desired["features"] = {"cdi": True}
+    return desired
+
+
+def _secret(s: dict, key: str) -> str | None:
+    value = s.get(key)
+    path = s.get(f"{key}_file")
+    if not value and path:
+        path = os.path.expanduser(path)
+        try:
+            value = open(path).read().strip()
+        except OSError:
+            return None
+    return value or None
+
+
+@deploy("nemofleet preflight")
+def run_preflight() -> tuple[Plan | None, dict]:
+    """Refuse a host that cannot serve (one sentence each) before anything changes."""
+    s = settings()
+    facts = _facts(s)
+    verdict = checks.check(host.name, facts, s)
+    try:
+        validate_settings(docker_settings(s, verdict.plan, facts))
+    except DaemonJsonError as exc:
+        verdict.refusals.append(str(exc))
+    if facts["daemon_json"]["data"] is None:
+        verdict.refusals.append(f"/etc/docker/daemon.json is {facts['daemon_json']['error']}; nemofleet leaves it "
+                                "untouched: fix or remove it, then re-run")
+    frontends = s.get("frontends") or DEFAULT_FRONTENDS
+    if not isinstance(frontends, list) or not all(isinstance(f, dict) and isinstance(f.get("network"), str) for f in frontends):
+        verdict.refusals.append("frontends must be a list of mappings with a network name (and alias, create)")
+    if verdict.plan is not None and not _secret(s, "vllm_api_key"):
+        verdict.refusals.append("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
+                                "so /v1 is not open to anyone who can reach the port")
+    preflight.verdict(name="Preflight: can this host serve its plan?", refusals=verdict.refusals,
+                      warnings=verdict.warnings)
+    if verdict.refusals:
+        return None, facts
+    return verdict.plan, facts
+
+
+@deploy("nemofleet host configuration")
+def configure_host(p: Plan, facts: dict) -> dict:
+    s = settings()
+    changes: dict = {}
+    daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)", desired=docker_settings(s, p, facts), changes=changes)
+    proxy = render.docker_proxy(s)
+    proxy_changed: set = set()
+    if proxy:
+        files.managed(name="Docker proxy drop-in",
+                      files={"/etc/systemd/system/docker.service.d/nemofleet-proxy.conf": (proxy, "0644")},
+                      changed=proxy_changed)
+        units.daemon_reload(name="Reload systemd for the Docker proxy", _if=lambda: bool(proxy_changed))
+        from pyinfra.operations import systemd
+        systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
+                        _if=lambda: bool(proxy_changed))
+    secrets = {render.VLLM_ENV: (render.env_file({"VLLM_API_KEY": _secret(s, "vllm_api_key")}), "0600"),
+               render.API_AUTH: (f"Authorization: Bearer {_secret(s, 'vllm_api_key')}\n", "0600")}
+    token = _secret(s, "hf_token")
+    if token:
+        secrets[render.HF_ENV] = (render.env_file({"HF_TOKEN": token}), "0600")
+    files.managed(name="Secrets (0600, root only)", files=secrets, secret=True, dirs={render.ETC: "0700"})
+    if not token:
+        files.absent(name="No stale HF token", paths=[render.HF_ENV])
+    if p.gpu_method == "cdi" and not facts["toolkit"].get("cdi_specs"):
+        from pyinfra.operations import server
+        server.shell(name="Generate the CDI spec", commands=["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"])
+    return changes
+
+
+@deploy("nemofleet weights")
+def fetch_weights(p: Plan) -> None:
+    s = settings()
+    docker.image(name=f"Image {p.image}", ref=p.image, archive=s.get("vllm_image_archive"))
+    token_file = render.HF_ENV if _secret(s, "hf_token") else None
+    for d in p.downloads:
+        weights.model(name=f"Weights {d['repo']}@{d['revision'][:12]}", repo=d["repo"], revision=d["revision"],
+                      directory=d["dir"], image=p.image, endpoint=p.env.get("HF_ENDPOINT"),
+                      token_file=token_file, full_verify=s.get("weights_verify") == "full")
+
+
+@deploy("nemofleet serving")
+def serve(p: Plan, facts: dict) -> None:
+    s = settings()
+    frontends = s.get("frontends") or DEFAULT_FRONTENDS
+    if frontends:
+        docker.networks(name="Frontend networks", wanted={f["network"]: bool(f.get("create")) for f in frontends})
+    major = int(checks.vt(facts["docker"].get("server"))[0])
+    changed: set = set()
+    unit_files = {f"{render.UNIT_DIR}/{i.unit}": (render.unit(p, i, frontends, major, int(s.get("start_timeout", 1800))), "0644")
+                  for i in p.instances}
+    release = render.release_id(p)
+    files.managed(name="vLLM units", files=unit_files, changed=changed)
+    units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
+    running = units.running(name="vLLM instances enabled and running", units=[i.unit for i in p.instances],
+                            changed=changed)
+    ready_cmd = " ".join(
+        f"wait_ready {i.name} {i.host_port};" for i in p.instances)
+    timeout = int(s.get("ready_timeout", 1200))
+    from pyinfra.operations import server
+    server.shell(
+        name="Wait until the (re)started instances are ready",
+        commands=[
+            "wait_ready() { end=$(( $(date +%s) + " + str(timeout) + " )); "
+            "until [ \"$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$2/health)\" = 200 ]; do "
+            "if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after " + str(timeout) + "s; "
+            "journalctl -u nemofleet-vllm-$1 -n 20\" >&2; journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; "
+            "if ! systemctl is-active -q nemofleet-vllm-$1; then :; fi; sleep 2; done; }; " + ready_cmd
+        ],
+        _if=running.did_change,
+    )
+    if frontends:
+        nets = {i.name: dict(render.frontend_networks(frontends, i, len(p.instances) == 1)) for i in p.instances}
+        docker.attached(name="Instances on their frontend networks", containers=nets)
+    files.managed(name="Release record", files={f"{render.STATE_DIR}/release": (release + "\n", "0644")},
+                  dirs={render.STATE_DIR: "0755"})
+    for fe in frontends:
+        for i in p.instances:
+            alias = dict(render.frontend_networks(frontends, i, len(p.instances) == 1))[fe["network"]]
+            host.log(f"frontend {fe.get('name', fe['network'])}: base URL http://{alias}:8000/v1 "
+                     f"model {p.served_name}", logger.info)
+
+
+@deploy("nemofleet health")
+def health(p: Plan) -> None:
+    s = settings()
+    files.managed(
+        name="Health check script and cron",
+        files={
+            "/usr/local/bin/nemofleet-health": (render.health_script(p, s), "0755"),
+            "/etc/cron.d/nemofleet-health": (render.health_cron(s), "0644"),
+        },
+    )
+
+
+def nemotron() -> None:
+    """The main job: fresh GPU hosts to serving; a converged host changes nothing."""
+    p, facts = run_preflight()
+    if p is None:
+        return
+    configure_host(p, facts)
+    fetch_weights(p)
+    serve(p, facts)
+    health(p)
+
+
+def preflight_only() -> None:
+    p, _ = run_preflight()
+    if p is not None:
+        host.log(f"preflight passed: {len(p.instances)} instance(s) of {p.model.key} "
+                 f"(TP {p.instances[0].tp}, {p.instances[0].memory.summary()})", logger.info)

@@ -1,0 +1,101 @@
+"""Host-level facts (cgroup, OS, disk) and HostFacts, which runs every host fact in one command."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from .docker import DaemonJson, DockerInfo, ImageInfo
+from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
+from .weights import ModelsOnDisk
+
+
+class CgroupVersion(FactBase):
+    """1 or 2, from the filesystem type of /sys/fs/cgroup (reference §3.3)."""
+
+    command = "stat -fc %T /sys/fs/cgroup/ 2>/dev/null || true"
+
+    def process(self, output):
+        kind = (output[0] if output else "").strip()
+        return 2 if kind == "cgroup2fs" else 1 if kind == "tmpfs" else None
+
+
+class OsRelease(FactBase):
+    """/etc/os-release as a dict."""
+
+    command = "cat /etc/os-release 2>/dev/null || true"
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key.strip()] = value.strip().strip('"')
+        return out
+
+
+class FreeDisk(FactBase):
+    """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
+
+    def command(self, path: str) -> str:
+        return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                "df -PB1 \"$p\" | awk 'NR==2{print $4}'")
+
+    def process(self, output):
+        text = (output[0] if output else "").strip()
+        return int(text) if text.isdigit() else None
+
+
+class HostFacts(FactBase):
+    """Everything preflight and the serving plan need, in one remote command.
+
+    Each part is the command of the fact named in PARTS, so `pyinfra INV fact` on a single
+    fact and this combined fact always agree (and are tested with the same fixtures).
+    """
+
+    PARTS = {
+        "gpus": (NvidiaGpus, {}),
+        "cuda": (NvidiaCudaVersion, {}),
+        "toolkit": (ContainerToolkit, {}),
+        "docker": (DockerInfo, {}),
+        "daemon_json": (DaemonJson, {"path": "/etc/docker/daemon.json"}),
+        "cgroup": (CgroupVersion, {}),
+        "os": (OsRelease, {}),
+        "disk_free": (FreeDisk, {"path": "models_root"}),
+        "models": (ModelsOnDisk, {"root": "models_root"}),
+        "image": (ImageInfo, {"ref": "image"}),
+    }
+    MARK = "@@nemofleet-fact:"
+
+    ARGS = ("models_root", "image")
+
+    def _parts(self, args):
+        for key, (cls, kwargs) in self.PARTS.items():
+            kw = {k: (args[v] if v in self.ARGS else v) for k, v in kwargs.items()}
+            yield key, cls(), kw
+
+    def command(self, models_root: str = "/srv/nemofleet/models", image: str = "vllm/vllm-openai:v0.27.1") -> str:
+        chunks = []
+        for key, fact, kw in self._parts({"models_root": models_root, "image": image}):
+            cmd = fact.command(**kw) if callable(fact.command) else fact.command
+            chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
+        return "; ".join(chunks) + "; true"
+
+    def process(self, output):
+        sections: dict[str, list[str]] = {}
+        current = None
+        for line in output:
+            if line.startswith(self.MARK):
+                current = line[len(self.MARK):].strip()
+                sections[current] = []
+            elif current is not None:
+                sections[current].append(line)
+        out = {}
+        for key, fact, _ in self._parts(dict.fromkeys(self.ARGS, "")):
+            lines = sections.get(key) or []
+            out[key] = fact.process(lines) if lines else fact.default()
+        return out

@@ -1,0 +1,86 @@
+"""Managed files: many files checked with one remote command, written atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import posixpath
+import shlex
+
+from pyinfra import host, logger, state
+from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
+from pyinfra.operations.util.files import generate_color_diff
+
+
+class FilesDigest(FactBase):
+    """{path: (mode, sha256) or None} for every path, in one command."""
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        return (f"for p in {quoted}; do if [ -f \"$p\" ]; then "
+                "echo \"$(stat -c %a \"$p\") $(sha256sum < \"$p\" | cut -d' ' -f1) $p\"; "
+                "else echo \"- - $p\"; fi; done")
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            mode, digest, path = line.split(" ", 2)
+            out[path] = None if mode == "-" else (mode, digest)
+        return out
+
+
+class FileText(FactBase):
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output):
+        return "\n".join(output) + "\n"
+
+
+@operation(is_idempotent=True)
+def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secret: bool = False,
+            dirs: dict[str, str] | None = None):
+    """Make each path hold exactly `content` with `mode` ({path: (content, "0644")}).
+
+    Paths that differ are added to `changed` (read later by `_if=` callables). With `secret`,
+    contents are never shown in --diff output. `dirs` ({dir: mode}) are created first.
+    """
+    current = host.get_fact(FilesDigest, paths=tuple(sorted(files)))
+    todo = []
+    for path, (content, mode) in sorted(files.items()):
+        want = (oct(int(mode, 8))[2:], hashlib.sha256(content.encode()).hexdigest())
+        if current.get(path) != want:
+            todo.append((path, content, mode, current.get(path)))
+    if not todo:
+        host.noop(f"{len(files)} file(s) up to date")
+        return
+    for d, mode in (dirs or {}).items():
+        yield StringCommand("install", "-d", "-m", mode, d)
+    for path, content, mode, cur in todo:
+        if changed is not None:
+            changed.add(path)
+        if state.config.DIFF:
+            host.log(f"Will {'modify' if cur else 'create'} {path}", logger.info)
+            if secret:
+                logger.info("  (secret contents not shown)")
+            else:
+                old = host.get_fact(FileText, path=path).splitlines(True) if cur else []
+                for line in generate_color_diff(old, content.splitlines(True)):
+                    logger.info("  %s", line)
+        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
+        yield StringCommand("install", "-d", posixpath.dirname(path))
+        yield FileUploadCommand(io.StringIO(content), tmp, remote_temp_filename=tmp)
+        yield StringCommand("chmod", mode, tmp, "&&", "mv", "-f", tmp, path)
+
+
+@operation(is_idempotent=True)
+def absent(paths: list[str], removed: set | None = None):
+    """Remove files that should no longer exist."""
+    current = host.get_fact(FilesDigest, paths=tuple(sorted(paths))) if paths else {}
+    gone = [p for p in sorted(paths) if current.get(p) is not None]
+    if not gone:
+        host.noop("nothing to remove")
+        return
+    if removed is not None:
+        removed.update(gone)
+    yield StringCommand("rm", "-f", *gone)

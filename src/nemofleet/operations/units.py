@@ -1,0 +1,62 @@
+"""systemd units of the vLLM instances: enabled and running; restart only what changed."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, StringCommand, operation
+
+UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
+
+
+class UnitStates(FactBase):
+    """{"units": {unit: {"enabled": bool, "active": bool}}, "files": [installed nemofleet units]}."""
+
+    def command(self, units: tuple[str, ...]) -> str:
+        q = " ".join(shlex.quote(u) for u in units)
+        return (f"for u in {q}; do echo \"unit $u $(systemctl is-enabled $u 2>/dev/null || true) "
+                f"$(systemctl is-active $u 2>/dev/null || true)\"; done; "
+                f"for f in {UNIT_GLOB}; do [ -e \"$f\" ] && echo \"file $(basename $f)\"; done; true")
+
+    def process(self, output):
+        out = {"units": {}, "files": []}
+        for line in output:
+            parts = line.split()
+            if parts[:1] == ["unit"]:
+                out["units"][parts[1]] = {"enabled": parts[2:3] == ["enabled"],
+                                          "active": parts[3:4] == ["active"] or parts[2:3] == ["active"]}
+            elif parts[:1] == ["file"]:
+                out["files"].append(parts[1])
+        return out
+
+
+@operation(is_idempotent=True)
+def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system"):
+    """Every unit enabled and active; a unit whose file changed is restarted (only that one);
+    nemofleet units no longer in the plan are stopped, disabled and removed."""
+    st = host.get_fact(UnitStates, units=tuple(units))
+    stale = sorted(set(st["files"]) - set(units))
+    cmds = []
+    if stale:
+        cmds.append(StringCommand("systemctl", "disable", "--now", *stale))
+        cmds.append(StringCommand("rm", "-f", *[f"{unit_dir}/{u}" for u in stale]))
+        cmds.append(StringCommand("systemctl", "daemon-reload"))
+    for u in units:
+        s = st["units"].get(u, {"enabled": False, "active": False})
+        if not s["enabled"]:
+            cmds.append(StringCommand("systemctl", "enable", u))
+        if not s["active"]:
+            cmds.append(StringCommand("systemctl", "start", "--no-block", u))
+        elif changed and f"{unit_dir}/{u}" in changed:
+            cmds.append(StringCommand("systemctl", "restart", "--no-block", u))
+    if not cmds:
+        host.noop(f"{len(units)} vLLM unit(s) enabled and active")
+        return
+    yield from cmds
+
+
+@operation(is_idempotent=False)
+def daemon_reload():
+    """`systemctl daemon-reload`: always a change, so gate it with _if= on what changed."""
+    yield "systemctl daemon-reload"

@@ -1,0 +1,118 @@
+"""Model weights: fetch with the vLLM image's own `hf` CLI through the Hugging Face mirror,
+verify offline, resume by re-fetching only what is missing or truncated, never re-download.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from ..facts.weights import CHECK_SCRIPT, WeightsStatus, check_command
+
+DOWNLOAD_PREFIX = "nemofleet-weights-"
+
+# Runs on the host before any byte is fetched: is the mirror up, does repo@revision exist,
+# is there disk for what is still missing? One sentence and exit 1 otherwise. The token is
+# read from its 0600 file, never passed on a command line.
+PRECHECK = r'''
+import json, os, shutil, sys, urllib.error, urllib.request
+d, repo, rev, endpoint, token_file, present = sys.argv[1:7]
+headers = {"User-Agent": "nemofleet"}
+if token_file and os.path.exists(token_file):
+    for line in open(token_file):
+        if line.startswith("HF_TOKEN="):
+            headers["Authorization"] = "Bearer " + line.split("=", 1)[1].strip()
+def get(path):
+    req = urllib.request.Request(endpoint + path, headers=headers)
+    return urllib.request.urlopen(req, timeout=20)
+def die(msg):
+    sys.stderr.write(msg + "\n"); sys.exit(1)
+try:
+    info = json.load(get("/api/models/%s/revision/%s" % (repo, rev)))
+    sha = info["sha"]
+    tree = json.load(get("/api/models/%s/tree/%s?recursive=true&expand=false" % (repo, sha)))
+except urllib.error.HTTPError as e:
+    code = e.headers.get("X-Error-Code", "")
+    if e.code in (401, 403):
+        die("%s on %s needs a Hugging Face token (HTTP %d %s): set hf_token for this host" % (repo, endpoint, e.code, code))
+    die("%s at revision %s is not on %s (HTTP %d %s); check the model repo and revision" % (repo, rev, endpoint, e.code, code))
+except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
+    die("Hugging Face mirror %s is unreachable (%s); the weights in %s were left as they are" % (
+        endpoint, getattr(e, "reason", e), d))
+total = sum(int(f.get("size") or 0) for f in tree if f.get("type") == "file")
+need = int(max(0, total - int(present)) * 1.1)
+p = d
+while not os.path.exists(p):
+    p = os.path.dirname(p)
+free = shutil.disk_usage(p).free
+if free < need:
+    die("not enough disk for %s in %s: %.1f GB free, %.1f GB needed (model + 10%%)" % (repo, d, free / 1e9, need / 1e9))
+print(json.dumps({"sha": sha, "total": total, "need": need, "free": free}))
+'''
+
+
+def slug(directory: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
+
+
+def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes) -> str:
+    unit = DOWNLOAD_PREFIX + slug(directory)
+    q = shlex.quote
+    envs = ["-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_XET_HIGH_PERFORMANCE=1"]
+    if endpoint:
+        envs += ["-e", f"HF_ENDPOINT={endpoint}"]
+    run = ["systemd-run", f"--unit={unit}", "--collect", "--wait", "--quiet",
+           "--property=TimeoutStartSec=infinity", "docker", "run", "--rm", "--pull=never", f"--name={unit}", "--network=host"]
+    if token_file:
+        run += [f"--env-file={token_file}"]
+    run += envs + ["-v", f"{directory}:/download", "--entrypoint", "hf", image, "download", repo, *files,
+                   "--revision", revision, "--local-dir", "/download"]
+    lines = [
+        "set -e",
+        # a download from an earlier run may still be going (it survives SSH): wait for it
+        f"while systemctl is-active -q {unit}; do sleep 5; done",
+        f"mkdir -p {q(directory)}",
+        f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
+        f"{q(token_file or '')} {present_bytes} >/dev/null",
+        # orphaned *.incomplete files of killed downloads are never reused (reference §5.2)
+        f"find {q(directory + '/.cache/huggingface/download')} -name '*.incomplete' -delete 2>/dev/null || true",
+    ]
+    for rel in cleanup:
+        lines.append(f"rm -f {q(directory + '/' + rel)} {q(directory + '/.cache/huggingface/download/' + rel + '.metadata')}")
+    lines.append(
+        " ".join(q(w) for w in run) + " || { journalctl -u " + unit + " -n 15 --no-pager -o cat >&2; "
+        f"echo 'hf download of {repo}@{revision} failed (log above); the weights in {directory} were left as they are' >&2; exit 1; }}")
+    return "\n".join(lines)
+
+
+@operation(is_idempotent=True)
+def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
+          token_file: str | None = None, full_verify: bool = False):
+    """Weights of repo@revision complete in `directory` (completion marker written last)."""
+    status = host.get_fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
+    if status and status["complete"] and (status["marker"] or full_verify):
+        if full_verify and not status["marker"]:
+            yield check_command(directory, revision, "write")
+            return
+        host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
+        return
+    if status and status["complete"]:
+        # complete but unmarked (seeded from a peer, or downloaded by hand): verify and mark only
+        yield check_command(directory, revision, "write")
+        return
+    files: list[str] = []
+    cleanup: list[str] = []
+    if status and status["exists"] and "model.safetensors.index.json" not in status["missing"] \
+            and not any(m.startswith("tokenizer") for m in status["missing"]):
+        files = sorted(set(status["missing"]) | set(status["truncated"]))
+        cleanup = sorted(status["truncated"])
+    yield StringCommand("sh", "-c", shlex.quote(download_script(
+        repo, revision, directory, image, endpoint, token_file, files, cleanup,
+        (status or {}).get("present_bytes", 0))))
+    yield check_command(directory, revision, "write")
+
+
+__all__ = ["model", "CHECK_SCRIPT"]

@@ -1,0 +1,145 @@
+"""Preflight: can this host serve its plan? Pure checks over HostFacts, one sentence each.
+
+A refused host is failed by the first operation of the deploy, before anything changes;
+other hosts continue (reference §1.8).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from . import plan as planner
+from . import vllm_flags
+from .models import local_dir_name
+
+# reference §2.3: minimum driver per CUDA version (GA releases)
+CUDA_MIN_DRIVER = {
+    "13.2": "595.45.04", "13.1": "590.44.01", "13.0": "580.65.06", "12.9": "575.51.03",
+    "12.8": "570.26", "12.6": "560.28.03", "12.5": "555.42.02", "12.4": "550.54.14",
+    "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02", "12.0": "525.60.13",
+}
+MIN_DOCKER = (20, 10)  # --gpus needs 19.03; Debian 12's docker.io is 20.10
+MIN_TOOLKIT = (1, 14)
+
+
+def vt(text: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text or "")[:4]) or (0,)
+
+
+@dataclass
+class Verdict:
+    plan: planner.Plan | None
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals and self.plan is not None
+
+
+def image_cuda(data: dict, facts: dict, image: str) -> str:
+    """The CUDA version the image needs: from its NVIDIA_REQUIRE_CUDA when it is on the host,
+    else from nemofleet's version table."""
+    env = (facts.get("image") or {}).get("env") or {}
+    m = re.search(r"cuda>=(\d+\.\d+)", env.get("NVIDIA_REQUIRE_CUDA", ""))
+    if m:
+        return m.group(1)
+    return vllm_flags.get(vllm_flags.version_of_image(image)).cuda
+
+
+def check(host: str, facts: dict, data: dict) -> Verdict:
+    g = facts["gpus"]
+    v = Verdict(plan=None)
+    if not g["smi"]:
+        v.refusals.append("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
+                          "driver (branch 570 or newer) and reboot")
+        return v
+    if g["rc"]:
+        hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
+                6: "check that the GPUs are attached to this machine (lspci | grep -i nvidia)",
+                18: "the driver was upgraded without a reboot: reboot the host"}.get(g["rc"], "run nvidia-smi on the host")
+        v.refusals.append(f"nvidia-smi failed (exit {g['rc']}: {g['error']}); {hint}")
+        return v
+    if not g["gpus"]:
+        v.refusals.append("nvidia-smi lists no GPU; check that the GPUs are attached to this machine")
+        return v
+
+    image = data.get("vllm_image", planner.DEFAULT_IMAGE)
+    docker = facts["docker"]
+    tk = facts["toolkit"]
+    try:
+        p = planner.make_plan(
+            host, planner.gpus_from_facts(g["gpus"]), data,
+            docker_version=docker.get("server"), cdi_available=bool(tk.get("cdi_specs")),
+            cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
+            local_meta=_local_meta(facts, data),
+        )
+    except planner.PlanError as exc:
+        v.refusals.append(str(exc))
+        return v
+    v.plan = p
+    v.warnings += p.warnings
+
+    try:
+        need_cuda = image_cuda(data, facts, image)
+    except vllm_flags.UnknownVersion as exc:
+        v.refusals.append(str(exc))
+        return v
+    need_driver = CUDA_MIN_DRIVER.get(need_cuda)
+    driver = g["driver"]
+    if need_driver and vt(driver) < vt(need_driver):
+        v.refusals.append(
+            f"driver {driver} supports CUDA {facts.get('cuda') or '?'} but {image} needs CUDA {need_cuda} "
+            f"(driver >= {need_driver}); upgrade the NVIDIA driver and reboot, or pin an older image")
+
+    used = [gpu for inst in p.instances for gpu in inst.gpus]
+    mig = [str(x.index) for x in used if x.mig == "Enabled"]
+    if mig:
+        v.refusals.append(f"MIG is enabled on GPU {', '.join(mig)} but the plan needs whole GPUs; "
+                          f"run nvidia-smi -i {mig[0]} -mig 0 and reset the GPU, or leave it out of the plan")
+    off = [str(x.index) for x in used if x.persistence != "Enabled"]
+    if off:
+        v.warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
+                          "jobs); enable nvidia-persistenced")
+
+    if not (tk.get("version") or tk.get("hook")):
+        v.refusals.append("the NVIDIA Container Toolkit is not installed (no nvidia-ctk or nvidia-container-runtime-hook); "
+                          "install nvidia-container-toolkit or set install_container_toolkit: true")
+    elif tk.get("version") and vt(tk["version"]) < MIN_TOOLKIT:
+        v.refusals.append(f"NVIDIA Container Toolkit {tk['version']} is too old (cgroup v2 needs >= 1.14); upgrade it")
+
+    if not docker.get("installed"):
+        v.refusals.append("Docker is not installed; install docker-ce 25+ (or Debian's docker.io) first")
+    elif not docker.get("running"):
+        v.refusals.append("Docker is installed but dockerd is not running; systemctl enable --now docker")
+    elif vt(docker.get("server")) < MIN_DOCKER:
+        v.refusals.append(f"Docker {docker['server']} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
+
+    if p.docker_exec_opts and docker.get("cgroup_driver") == "systemd":
+        v.warnings.append("NVML 'Unknown Error' trap (cgroup v2 + systemd cgroup driver + legacy hook): "
+                          "nemofleet will set exec-opts native.cgroupdriver=cgroupfs and restart Docker")
+
+    free = facts.get("disk_free")
+    if free is not None:
+        present = 0
+        for d in p.downloads:
+            meta = (facts.get("models") or {}).get(d["dir"].rsplit("/", 1)[-1]) or {}
+            if meta.get("complete"):
+                present += p.model.weight_bytes if d["repo"] == p.model.repo else 0
+        need = int(max(0, p.model.weight_bytes - present) * 1.1)
+        if free < need:
+            v.refusals.append(f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
+                              f"{data.get('models_root', '/srv/nemofleet/models')}, {need / 1e9:.1f} GB needed (model + 10%)")
+    return v
+
+
+def _local_meta(facts: dict, data: dict) -> dict | None:
+    models = facts.get("models") or {}
+    spec = data.get("model", "nemotron-3.5-lightning-nvfp4")
+    try:
+        from .models import resolve
+        repo = resolve(spec).repo
+    except Exception:
+        return None
+    return models.get(local_dir_name(repo))

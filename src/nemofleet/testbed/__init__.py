@@ -1,0 +1,254 @@
+"""The local testbed: simulated GPU hosts as systemd containers reachable over real SSH.
+
+Each test host is a container of the host image running systemd as PID 1, its own dockerd
+(a volume on /var/lib/docker), sshd published only on 127.0.0.1:<port>, cron, and the
+simulated GPU tools of its hardware profile. A Hugging Face mirror container serves a tiny
+generated model to the hosts over the testbed's own Docker network.
+
+State (ports, generated SSH key, mirror URL, model revision) is kept in .testbed/, which
+inventories/testbed.py reads. Nothing in .testbed/ is ever committed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from . import images, tinymodel
+
+PREFIX = "nf-tb-"
+NETWORK = "nf-testbed"
+MIRROR = f"{PREFIX}hf-mirror"
+MIRROR_ALIAS = "hf-mirror"
+MIRROR_PORT = 8090
+LABEL = "nemofleet.testbed=1"
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
+MODEL_REPO = "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+# Extra releases of the stand-in image, for rollout tests: a newer tag, and one told to fail.
+RELEASES = {
+    "vllm/vllm-openai:v0.27.1": {},
+    "vllm/vllm-openai:v0.27.1-nf2": {"STANDIN_RELEASE": "nf2"},
+    "vllm/vllm-openai:v0.27.1-broken": {"STANDIN_FAIL": "start", "STANDIN_RELEASE": "broken"},
+}
+RUN_FLAGS = [
+    "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
+]
+
+
+def testbed_dir() -> Path:
+    return Path(os.environ.get("NEMOFLEET_TESTBED_DIR") or Path.cwd() / ".testbed").resolve()
+
+
+def log(msg: str) -> None:
+    images.log(msg)
+
+
+def docker(*args, check=True, capture=True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], check=check, capture_output=capture, text=True, **kw)
+
+
+def load_profiles(name: str = "default") -> dict:
+    path = Path(name) if name.endswith(".yaml") else Path(__file__).parent / "profiles" / f"{name}.yaml"
+    hosts = yaml.safe_load(path.read_text())["hosts"]
+    out = {}
+    for host, spec in hosts.items():
+        gpus = []
+        repeat = spec.get("gpus_repeat", 1)
+        for n in range(repeat):
+            for g in spec["gpus"]:
+                g = {k: (v.format(N=n) if isinstance(v, str) else v) for k, v in g.items()}
+                g["index"] = len(gpus)
+                gpus.append(g)
+        out[host] = {**{k: v for k, v in spec.items() if k not in ("gpus", "gpus_repeat")}, "gpus": gpus}
+    return out
+
+
+def state_path() -> Path:
+    return testbed_dir() / "state.json"
+
+
+def read_state() -> dict:
+    try:
+        return json.loads(state_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(state: dict) -> None:
+    state_path().parent.mkdir(parents=True, exist_ok=True)
+    state_path().write_text(json.dumps(state, indent=2, sort_keys=True))
+
+
+def ensure_key() -> Path:
+    key = testbed_dir() / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nemofleet-testbed", "-f", str(key)],
+                       check=True)
+    return key
+
+
+def ensure_network() -> None:
+    if docker("network", "inspect", NETWORK, check=False).returncode:
+        docker("network", "create", "--label", LABEL, NETWORK)
+
+
+def build(state: dict) -> dict:
+    """Images, archives and the mirror's model repo; cached by content."""
+    t0 = time.time()
+    host_tag = images.host_image()
+    standin_tag = images.standin_image()
+    archives = {}
+    for ref, env in RELEASES.items():
+        fname = ref.replace("/", "_").replace(":", "_") + ".tar"
+        archives[ref] = str(images.save_as(standin_tag, ref, testbed_dir() / "images" / fname, env))
+    repos = testbed_dir() / "hf" / "repos"
+    revision = tinymodel.build(str(repos), MODEL_REPO)
+    state.update(host_image=host_tag, standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
+                 model_revision=revision, build_seconds=round(time.time() - t0, 1))
+    return state
+
+
+def start_mirror(state: dict) -> None:
+    hf = testbed_dir() / "hf"
+    (hf / "requests.log").touch()
+    if docker("inspect", MIRROR, check=False).returncode == 0:
+        docker("start", MIRROR, check=False)
+        return
+    src = Path(__file__).parent / "hfmirror.py"
+    docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK,
+           "--network-alias", MIRROR_ALIAS, "-v", f"{hf}:/srv/hf", "-v", f"{src}:/opt/hfmirror.py:ro",
+           state["host_image"], "python3", "/opt/hfmirror.py", "--root", "/srv/hf/repos",
+           "--port", str(MIRROR_PORT), "--log", "/srv/hf/requests.log")
+
+
+def stop_mirror() -> None:
+    docker("stop", "-t", "1", MIRROR, check=False)
+
+
+def container(host: str) -> str:
+    return f"{PREFIX}{host}"
+
+
+def create_host(host: str, spec: dict, port: int, state: dict) -> None:
+    name = container(host)
+    vol = f"{name}-docker"
+    docker("volume", "create", "--label", LABEL, vol)
+    docker("create", "--name", name, "--hostname", host, "--label", LABEL, *RUN_FLAGS,
+           "-v", f"{vol}:/var/lib/docker", "--network", NETWORK, "-p", f"127.0.0.1:{port}:22",
+           state["host_image"])
+    tmp = testbed_dir() / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    simdir = tmp / host / "nemofleet-sim"
+    simdir.mkdir(parents=True, exist_ok=True)
+    (simdir / "profile.json").write_text(json.dumps({k: v for k, v in spec.items() if k != "group"}, indent=2))
+    docker("cp", str(simdir), f"{name}:/etc/")
+    pub = tmp / "authorized_keys"
+    shutil.copy(str(ensure_key()) + ".pub", pub)
+    pub.chmod(0o600)
+    docker("cp", str(pub), f"{name}:/root/.ssh/authorized_keys")
+    docker("start", name)
+
+
+def destroy_host(host: str) -> None:
+    name = container(host)
+    docker("rm", "-f", "-v", name, check=False)
+    docker("volume", "rm", "-f", f"{name}-docker", check=False)
+
+
+def wait_ssh(host: str, port: int, timeout: float = 120) -> None:
+    key = ensure_key()
+    deadline = time.time() + timeout
+    while True:
+        r = subprocess.run(["ssh", "-q", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes",
+                            "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                            "-o", "ConnectTimeout=3", "root@127.0.0.1",
+                            "systemctl is-active docker >/dev/null && docker info >/dev/null 2>&1"],
+                           capture_output=True)
+        if r.returncode == 0:
+            return
+        if time.time() > deadline:
+            logs = docker("exec", container(host), "systemctl", "--failed", "--no-legend", check=False).stdout
+            raise RuntimeError(f"test host {host} did not come up with sshd and dockerd in {timeout:.0f}s; failed units: {logs}")
+        time.sleep(1)
+
+
+def ensure_secrets() -> None:
+    """Per-testbed API key and HF token (0600, never committed; tests grep logs for them)."""
+    import secrets
+
+    for name, prefix in (("api-key", "sk-nf-"), ("hf-token", "hf_nf")):
+        path = testbed_dir() / name
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(prefix + secrets.token_hex(16) + "\n")
+            path.chmod(0o600)
+
+
+def up(profile: str = "default", only: list[str] | None = None) -> dict:
+    profiles = load_profiles(profile)
+    ensure_secrets()
+    state = read_state()
+    state = build(state)
+    ensure_key()
+    ensure_network()
+    start_mirror(state)
+    base = int(os.environ.get("NEMOFLEET_TESTBED_PORT_BASE", "22201"))
+    hosts = state.get("hosts", {})
+    for i, (host, spec) in enumerate(profiles.items()):
+        if only and host not in only:
+            continue
+        port = hosts.get(host, {}).get("port", base + i)
+        if docker("inspect", container(host), check=False).returncode != 0:
+            log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
+            create_host(host, spec, port, state)
+        else:
+            docker("start", container(host), check=False)
+        hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"])}
+    state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
+                 mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
+    write_state(state)
+    for host, h in hosts.items():
+        if not only or host in only:
+            wait_ssh(host, h["port"])
+    log(f"testbed up: {', '.join(hosts)} (state in {state_path()})")
+    return state
+
+
+def recreate(host: str) -> dict:
+    """Disaster drill: destroy the host and its volumes, bring it back bare (new SSH host key)."""
+    state = read_state()
+    spec = load_profiles(state.get("profile", "default"))[host]
+    destroy_host(host)
+    create_host(host, spec, state["hosts"][host]["port"], state)
+    wait_ssh(host, state["hosts"][host]["port"])
+    return state
+
+
+def down() -> None:
+    state = read_state()
+    for host in state.get("hosts", {}):
+        destroy_host(host)
+    docker("rm", "-f", MIRROR, check=False)
+    docker("network", "rm", NETWORK, check=False)
+    state.pop("hosts", None)
+    write_state(state)
+    log("testbed down")
+
+
+def status() -> list[dict]:
+    state = read_state()
+    rows = []
+    for host, h in state.get("hosts", {}).items():
+        r = docker("inspect", "-f", "{{.State.Status}}", container(host), check=False)
+        rows.append({"host": host, "port": h["port"], "gpus": h["gpus"], "group": h["group"],
+                     "container": r.stdout.strip() or "absent"})
+    return rows

@@ -1,0 +1,192 @@
+"""A small Hugging Face Hub mirror for the testbed (stdlib only).
+
+Serves repos from a directory through the real Hub endpoints `hf download` uses
+(reference.md §5.4): revision info (id, sha, siblings), the tree listing, HEAD/GET
+resolve with X-Repo-Commit, ETag, Content-Length and Range. Every request is appended to
+a log so tests can count exactly what a run asked for.
+
+Layout: ROOT/<org>/<name>/refs.json ({"main": "<sha>", ...}) and ROOT/<org>/<name>/<sha>/<files>.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlparse
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
+_lock = threading.Lock()
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class Repo:
+    def __init__(self, root: str, repo_id: str):
+        self.dir = os.path.join(root, repo_id)
+        self.id = repo_id
+
+    def exists(self) -> bool:
+        return os.path.isfile(os.path.join(self.dir, "refs.json"))
+
+    def commit(self, rev: str) -> str | None:
+        refs = json.load(open(os.path.join(self.dir, "refs.json")))
+        if rev in refs:
+            return refs[rev]
+        if re.fullmatch(r"[0-9a-f]{40}", rev) and os.path.isdir(os.path.join(self.dir, rev)):
+            return rev
+        return None
+
+    def files(self, sha: str) -> list[dict]:
+        base = os.path.join(self.dir, sha)
+        out = []
+        for root, _, names in os.walk(base):
+            for n in sorted(names):
+                p = os.path.join(root, n)
+                rel = os.path.relpath(p, base)
+                data = open(p, "rb").read()
+                entry = {"type": "file", "oid": git_blob_sha1(data), "size": len(data), "path": rel}
+                if rel.endswith(LFS_SUFFIXES):
+                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                out.append(entry)
+        return sorted(out, key=lambda e: e["path"])
+
+
+class Handler(BaseHTTPRequestHandler):
+    root = "."
+    log_path = None
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _log(self):
+        if self.log_path:
+            with _lock, open(self.log_path, "a") as f:
+                f.write(f"{self.command} {self.path} {self.headers.get('Range', '-')}\n")
+
+    def _send(self, code, body=b"", headers=None, head=False):
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if "Content-Length" not in (headers or {}):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _error(self, code, err, msg, head=False):
+        self._send(code, {"error": msg}, {"X-Error-Code": err, "X-Error-Message": msg}, head=head)
+
+    def _repo(self, org, name):
+        repo = Repo(self.root, f"{unquote(org)}/{unquote(name)}")
+        return repo if repo.exists() else None
+
+    def do_HEAD(self):
+        self._handle(head=True)
+
+    def do_GET(self):
+        self._handle(head=False)
+
+    def do_POST(self):
+        self._log()
+        m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/paths-info/([^/]+)", urlparse(self.path).path)
+        if not m:
+            return self._error(404, "EntryNotFound", "not found")
+        repo = self._repo(m.group(1), m.group(2))
+        if not repo:
+            return self._error(404, "RepoNotFound", "Repository not found")
+        sha = repo.commit(unquote(m.group(3)))
+        if not sha:
+            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode()
+        try:
+            paths = json.loads(body).get("paths", [])
+        except ValueError:
+            from urllib.parse import parse_qs
+            paths = parse_qs(body).get("paths", [])
+        return self._send(200, [f for f in repo.files(sha) if f["path"] in paths])
+
+    def _handle(self, head):
+        self._log()
+        url = urlparse(self.path)
+        path = url.path
+        m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/revision/(.+)", path)
+        if m:
+            repo = self._repo(m.group(1), m.group(2))
+            if not repo:
+                return self._error(404, "RepoNotFound", "Repository not found", head)
+            sha = repo.commit(unquote(m.group(3)))
+            if not sha:
+                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            files = repo.files(sha)
+            return self._send(200, {"id": repo.id, "modelId": repo.id, "sha": sha, "private": False,
+                                    "siblings": [{"rfilename": f["path"]} for f in files],
+                                    "lastModified": "2026-11-01T00:00:00.000Z"}, head=head)
+        m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/tree/([^/]+)(/.*)?", path)
+        if m:
+            repo = self._repo(m.group(1), m.group(2))
+            if not repo:
+                return self._error(404, "RepoNotFound", "Repository not found", head)
+            sha = repo.commit(unquote(m.group(3)))
+            if not sha:
+                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            prefix = (m.group(4) or "").strip("/")
+            files = [f for f in repo.files(sha) if not prefix or f["path"].startswith(prefix + "/")]
+            return self._send(200, files, head=head)
+        m = re.fullmatch(r"/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)", path)
+        if m:
+            repo = self._repo(m.group(1), m.group(2))
+            if not repo:
+                return self._error(404, "RepoNotFound", "Repository not found", head)
+            sha = repo.commit(unquote(m.group(3)))
+            if not sha:
+                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            rel = unquote(m.group(4))
+            entry = next((f for f in repo.files(sha) if f["path"] == rel), None)
+            if entry is None:
+                return self._error(404, "EntryNotFound", f"{rel} does not exist", head)
+            data = open(os.path.join(repo.dir, sha, rel), "rb").read()
+            etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
+            headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+                       "Content-Type": "application/octet-stream"}
+            if "lfs" in entry:
+                headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
+            rng = self.headers.get("Range")
+            if rng and not head:
+                mm = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
+                if mm:
+                    start = int(mm.group(1))
+                    end = int(mm.group(2)) if mm.group(2) else len(data) - 1
+                    part = data[start:end + 1]
+                    headers["Content-Range"] = f"bytes {start}-{start + len(part) - 1}/{len(data)}"
+                    headers["Content-Length"] = str(len(part))
+                    return self._send(206, part, headers)
+            headers["Content-Length"] = str(len(data))
+            return self._send(200, data, headers, head=head)
+        return self._error(404, "EntryNotFound", "not found", head)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--host", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=8090)
+    ap.add_argument("--log")
+    a = ap.parse_args(argv)
+    Handler.root = a.root
+    Handler.log_path = a.log
+    ThreadingHTTPServer((a.host, a.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

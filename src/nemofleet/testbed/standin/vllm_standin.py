@@ -1,0 +1,184 @@
+"""Stand-in for the `vllm serve` OpenAI-compatible server, for the nemofleet testbed.
+
+It parses the command line with the pinned version's flag table (unknown flags fail with
+argparse's "vllm: error: unrecognized arguments" like vLLM), needs the GPUs the container
+toolkit granted and the model directory, then serves /health, /ping, /version, /metrics,
+/v1/models and /v1/chat/completions (reasoning + content), honouring VLLM_API_KEY on /v1.
+
+Knobs (environment): STANDIN_STARTUP_SECONDS (default 2), STANDIN_FAIL=start|health.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_flags  # noqa: E402
+
+VERSION = os.environ.get("STANDIN_VLLM_VERSION", "0.27.1")
+STATE = {"ready": False, "requests": 0, "running": 0, "started": time.time(), "dead": False}
+
+
+def fail(msg, code=1):
+    print(msg, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def check_gpus(tp):
+    vis = "/etc/nemofleet-sim/visible"
+    if not os.path.exists(vis):
+        fail("RuntimeError: Failed to infer device type: no CUDA GPUs are available "
+             "(was the container started with --gpus or a CDI device?)")
+    r = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail("RuntimeError: " + (r.stdout.strip() or "nvidia-smi failed"))
+    n = len([x for x in r.stdout.split() if x.strip()])
+    if tp > n:
+        fail(f"ValueError: World size ({tp}) is larger than the number of available GPUs ({n}) in this node.")
+    return n
+
+
+def nvml_ok():
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return r.returncode == 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "uvicorn"
+    args = None
+
+    def log_message(self, fmt, *a):
+        sys.stderr.write("INFO:     %s - %s\n" % (self.address_string(), fmt % a))
+
+    def send(self, code, body, ctype="application/json"):
+        data = body if isinstance(body, bytes) else (json.dumps(body) if not isinstance(body, str) else body).encode()
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def authorised(self):
+        key = os.environ.get("VLLM_API_KEY")
+        if not key:
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self.send(401, {"error": "Unauthorized"})
+        return False
+
+    def names(self):
+        return self.args.served_model_name or [self.args.model_tag]
+
+    def do_GET(self):
+        p = self.path.split("?")[0]
+        if p == "/health":
+            healthy = STATE["ready"] and not STATE["dead"] and os.environ.get("STANDIN_FAIL") != "health"
+            if healthy and not nvml_ok():
+                STATE["dead"] = True
+                healthy = False
+            return self.send(200 if healthy else 503, b"", "text/plain")
+        if not STATE["ready"]:
+            return self.send(503, {"error": "server is starting"})
+        if p == "/ping":
+            return self.send(200, b"", "text/plain")
+        if p == "/version":
+            return self.send(200, {"version": VERSION})
+        if p == "/metrics":
+            name = self.names()[0]
+            lines = [
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                "# TYPE vllm:num_requests_running gauge",
+                f'vllm:num_requests_running{{engine="0",model_name="{name}"}} {STATE["running"]}',
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f'vllm:num_requests_waiting{{engine="0",model_name="{name}"}} 0',
+                "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+                "# TYPE vllm:kv_cache_usage_perc gauge",
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} 0.0',
+                "# HELP vllm:request_success_total Count of successfully processed requests.",
+                "# TYPE vllm:request_success_total counter",
+                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{name}"}} {STATE["requests"]}',
+            ]
+            return self.send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4")
+        if p == "/v1/models":
+            if not self.authorised():
+                return
+            data = [{"id": n, "object": "model", "created": int(STATE["started"]), "owned_by": "vllm",
+                     "root": self.args.model_tag, "parent": None, "max_model_len": self.args.max_model_len}
+                    for n in self.names()]
+            return self.send(200, {"object": "list", "data": data})
+        return self.send(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        p = self.path.split("?")[0]
+        if not STATE["ready"]:
+            return self.send(503, {"error": "server is starting"})
+        if p in ("/v1/chat/completions", "/invocations"):
+            if p.startswith("/v1") and not self.authorised():
+                return
+            length = int(self.headers.get("content-length") or 0)
+            try:
+                req = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                return self.send(400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}})
+            if req.get("model") not in self.names():
+                return self.send(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.",
+                                                 "type": "NotFoundError", "code": 404}})
+            STATE["requests"] += 1
+            thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+            max_tokens = int(req.get("max_tokens") or 1024)
+            reasoning = "The user asks a question; I compute the answer step by step." if thinking else None
+            r_tokens = 48 if thinking else 0
+            content, finish = "391. The product is (17 x 20) + (17 x 3) = 391.", "stop"
+            if thinking and max_tokens <= r_tokens:
+                content, finish = None, "length"  # reasoning starved the answer (seed 000 §3)
+            msg = {"role": "assistant", "content": content, "reasoning": reasoning,
+                   "reasoning_content": reasoning, "tool_calls": []}
+            return self.send(200, {
+                "id": f"chatcmpl-{STATE['requests']}", "object": "chat.completion", "created": int(time.time()),
+                "model": req["model"], "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": r_tokens + 20, "total_tokens": r_tokens + 32},
+            })
+        return self.send(404, {"detail": "Not Found"})
+
+
+def main(argv):
+    if argv[:1] != ["serve"]:
+        fail(f"vllm: error: argument subparser: invalid choice: {argv[:1]}", 2)
+    parser = vllm_flags.build_argparser(VERSION)
+    parser.prog = "vllm"
+    args = parser.parse_args(argv[1:])
+    if not args.model_tag:
+        fail("vllm: error: the following arguments are required: model_tag", 2)
+    Handler.args = args
+    print(f"INFO vLLM API server version {VERSION} (nemofleet stand-in)", flush=True)
+    print(f"INFO non-default args: {json.dumps({k: v for k, v in vars(args).items() if v not in (None, False)})}", flush=True)
+    if not os.path.exists(os.path.join(args.model_tag, "config.json")):
+        fail(f"OSError: {args.model_tag} does not appear to have a file named config.json.")
+    if args.reasoning_parser_plugin and not os.path.exists(args.reasoning_parser_plugin):
+        fail(f"FileNotFoundError: reasoning parser plugin {args.reasoning_parser_plugin} not found")
+    check_gpus(args.tensor_parallel_size or 1)
+    server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
+    signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=server.shutdown).start())
+
+    def load():
+        time.sleep(float(os.environ.get("STANDIN_STARTUP_SECONDS", "2")))
+        if os.environ.get("STANDIN_FAIL") == "start":
+            print("RuntimeError: Engine core initialization failed (STANDIN_FAIL=start)", file=sys.stderr, flush=True)
+            os._exit(1)
+        STATE["ready"] = True
+        print("INFO:     Application startup complete.", flush=True)
+
+    threading.Thread(target=load, daemon=True).start()
+    print(f"INFO:     Uvicorn running on http://{args.host or '0.0.0.0'}:{args.port or 8000}", flush=True)
+    server.serve_forever()
+    print("INFO:     Shutting down", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,218 @@
+"""Which `vllm serve` flags exist, with which values, per pinned vLLM image version.
+
+The serving plan only emits flags from this table, and refuses any operator-supplied
+flag the pinned version does not have. The testbed's stand-in server builds its
+argument parser from the same table (stdlib only: this file is copied into that image).
+
+Sources: seeds 000/003 (v0.27.1 command lines that ran), reference.md §9 (0.33.0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    kind: str  # bool | int | float | str | choice | json | strs
+    choices: tuple[str, ...] = ()
+    deprecated: str = ""  # non-empty: the flag parses but nemofleet must not emit it
+
+
+MOE_BACKENDS = (
+    "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass",
+    "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl",
+    "flashinfer_b12x", "b12x", "flashinfer_moe_ep_mega_deep_gemm", "marlin", "humming",
+    "triton_unfused", "aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16",
+    "aiter_triton_mxfp4_mxfp4", "flydsl", "hpc", "emulation", "rdna3",
+)
+LINEAR_BACKENDS = (
+    "auto", "cutlass", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
+    "flashinfer_cudnn", "flashinfer_b12x", "b12x", "marlin", "humming", "triton", "deep_gemm",
+    "torch", "aiter", "machete", "fbgemm", "conch", "exllama", "emulation", "xpu", "xpu_woq",
+)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "bfloat16", "float16")
+
+_COMMON = [
+    Flag("--served-model-name", "strs"),
+    Flag("--trust-remote-code", "bool"),
+    Flag("--max-model-len", "int"),
+    Flag("--gpu-memory-utilization", "float"),
+    Flag("--max-num-seqs", "int"),
+    Flag("--max-num-batched-tokens", "int"),
+    Flag("--enable-prefix-caching", "bool"),
+    Flag("--disable-prefix-caching", "bool"),
+    Flag("--async-scheduling", "bool"),
+    Flag("--mamba-backend", "choice", ("triton", "flashinfer", "cpu")),
+    Flag("--moe-backend", "choice", MOE_BACKENDS),
+    Flag("--linear-backend", "choice", LINEAR_BACKENDS),
+    Flag("--mamba-ssu-algorithm", "choice", ("auto", "simple", "vertical", "horizontal")),
+    Flag("--mamba-ssm-cache-dtype", "choice", ("auto", "float32", "float16", "bfloat16")),
+    Flag("--enable-mamba-cache-stochastic-rounding", "bool"),
+    Flag("--mamba-cache-philox-rounds", "int"),
+    Flag("--reasoning-parser", "str"),
+    Flag("--reasoning-parser-plugin", "str"),
+    Flag("--tool-call-parser", "str"),
+    Flag("--enable-auto-tool-choice", "bool"),
+    Flag("--speculative-config", "json"),
+    Flag("--kv-cache-dtype", "choice", KV_CACHE_DTYPES),
+    Flag("--tensor-parallel-size", "int"),
+    Flag("--enable-expert-parallel", "bool"),
+    Flag("--limit-mm-per-prompt", "json"),
+    Flag("--host", "str"),
+    Flag("--port", "int"),
+    Flag("--shutdown-timeout", "int"),
+    Flag("--enforce-eager", "bool"),
+    Flag("--dtype", "choice", ("auto", "half", "float16", "bfloat16", "float", "float32")),
+    Flag("--seed", "int"),
+    Flag("--max-cudagraph-capture-size", "int"),
+    Flag("--attention-backend", "str"),
+    Flag("--compilation-config", "json"),
+    Flag("--generation-config", "str"),
+    Flag("--chat-template", "str"),
+    Flag("--uvicorn-log-level", "choice", ("debug", "info", "warning", "error", "critical", "trace")),
+    Flag("--disable-log-requests", "bool"),
+]
+
+
+@dataclass(frozen=True)
+class VllmVersion:
+    version: str
+    cuda: str  # CUDA the image is built on (its NVIDIA_REQUIRE_CUDA floor)
+    flags: dict[str, Flag]
+    reasoning_parsers: frozenset[str]
+    tool_parsers: frozenset[str]
+
+
+def _table(extra: list[Flag]) -> dict[str, Flag]:
+    return {f.name: f for f in _COMMON + extra}
+
+
+_REASONING = frozenset({"nemotron_v3", "deepseek_r1", "qwen3", "granite", "gpt_oss"})
+_TOOLS = frozenset({"qwen3_coder", "hermes", "llama3_json", "mistral", "openai", "pythonic"})
+
+VERSIONS: dict[str, VllmVersion] = {
+    # seeds 000 and 003 ran these command lines on v0.27.1, incl. --mamba-cache-mode align.
+    # CUDA 12.8 images (driver >= 570 on the seed-000-like A100 host class).
+    "0.27.1": VllmVersion(
+        "0.27.1", "12.8",
+        _table([Flag("--mamba-cache-mode", "choice", ("align", "all", "none"))]),
+        _REASONING, _TOOLS,
+    ),
+    # reference §9.2: --mamba-cache-mode is deprecated and has no effect (derived from
+    # prefix caching), 'all' is gone; images are CUDA 13.0 (reference §2.3).
+    "0.33.0": VllmVersion(
+        "0.33.0", "13.0",
+        _table([
+            Flag("--mamba-cache-mode", "choice", ("align", "none"),
+                 deprecated="derived from prefix caching since 0.28; no effect"),
+            Flag("--device-ids", "str"),
+        ]),
+        _REASONING, _TOOLS,
+    ),
+}
+
+
+class UnknownVersion(ValueError):
+    pass
+
+
+def version_of_image(image: str) -> str:
+    """'vllm/vllm-openai:v0.27.1' -> '0.27.1' (a digest pin keeps its tag: repo:tag@sha256:...)."""
+    ref = image.split("@", 1)[0]
+    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
+    tag = tag.split("-", 1)[0]
+    return tag[1:] if tag.startswith("v") else tag
+
+
+def get(version: str) -> VllmVersion:
+    try:
+        return VERSIONS[version]
+    except KeyError:
+        known = ", ".join(sorted(VERSIONS))
+        raise UnknownVersion(
+            f"vLLM {version} is not in nemofleet's flag table (known: {known}); pin one of "
+            "those image tags or add the version to src/nemofleet/vllm_flags.py"
+        ) from None
+
+
+def normalise(name: str) -> str:
+    """vLLM treats - and _ alike up to the first '.' (reference §9.1)."""
+    head, dot, tail = name.partition(".")
+    return head.replace("_", "-") + dot + tail
+
+
+def check_arg(v: VllmVersion, name: str, value) -> str | None:
+    """Return an error sentence if `name value` is not valid for version v."""
+    name = normalise(name)
+    flag = v.flags.get(name)
+    if flag is None:
+        return f"vLLM {v.version} has no flag {name}"
+    if flag.deprecated:
+        return f"vLLM {v.version} deprecates {name} ({flag.deprecated}); remove it"
+    if flag.kind == "bool":
+        if value not in (None, True):
+            return f"{name} is a switch in vLLM {v.version}; give it no value"
+        return None
+    if value is None or value is True:
+        return f"{name} needs a value"
+    text = str(value)
+    if flag.kind == "choice" and text not in flag.choices:
+        return f"{name} {text!r} is not one of vLLM {v.version}'s values ({', '.join(flag.choices)})"
+    if flag.kind == "int":
+        try:
+            int(text)
+        except ValueError:
+            return f"{name} needs an integer, not {text!r}"
+    if flag.kind == "float":
+        try:
+            float(text)
+        except ValueError:
+            return f"{name} needs a number, not {text!r}"
+    if flag.kind == "json":
+        try:
+            json.loads(text)
+        except ValueError:
+            return f"{name} needs JSON, not {text!r}"
+    if name == "--tool-call-parser" and text not in v.tool_parsers:
+        return f"tool-call parser {text!r} is not registered in vLLM {v.version}"
+    return None
+
+
+def render(args: list[tuple[str, object]]) -> list[str]:
+    """[(flag, value|None)] -> argv words."""
+    out: list[str] = []
+    for name, value in args:
+        out.append(name)
+        if value is not None and value is not True:
+            out.append(value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+                       if isinstance(value, (dict, list)) else str(value))
+    return out
+
+
+def build_argparser(version: str):
+    """An argparse parser that accepts exactly the table's flags (used by the stand-in)."""
+    import argparse
+
+    v = get(version)
+    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+    p.add_argument("model_tag", nargs="?")
+    for flag in v.flags.values():
+        dest = flag.name.lstrip("-").replace("-", "_")
+        if flag.kind == "bool":
+            p.add_argument(flag.name, dest=dest, action="store_true")
+        elif flag.kind == "strs":
+            p.add_argument(flag.name, dest=dest, nargs="+")
+        elif flag.kind == "choice":
+            p.add_argument(flag.name, dest=dest, choices=flag.choices)
+        elif flag.kind == "int":
+            p.add_argument(flag.name, dest=dest, type=int)
+        elif flag.kind == "float":
+            p.add_argument(flag.name, dest=dest, type=float)
+        elif flag.kind == "json":
+            p.add_argument(flag.name, dest=dest, type=json.loads)
+        else:
+            p.add_argument(flag.name, dest=dest)
+    return p
