@@ -85,6 +85,7 @@ def run_preflight() -> tuple[Plan | None, dict]:
     s = settings()
     facts = _facts(s)
     verdict = checks.check(host.name, facts, s)
+    host.log(checks.summary(facts), logger.info)
     try:
         validate_settings(docker_settings(s, verdict.plan, facts))
     except DaemonJsonError as exc:

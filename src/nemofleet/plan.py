@@ -149,6 +149,7 @@ _SETTINGS = {
     "num_speculative_tokens": (int, "speculative tokens"),
     "kv_cache_dtype": ((str, type(None)), "KV cache dtype"),
     "vllm_extra_args": (dict, "extra flags {flag: value|true}"),
+    "instance_extra_args": (dict, "extra flags per instance {instance: {flag: value|true}}"),
     "port_base": (int, "first host port"),
     "bind_address": (str, "address the ports are published on"),
     "models_root": (str, "weights directory on the host"),
@@ -369,9 +370,8 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
     if drain < 0:
         raise PlanError("drain_seconds must not be negative")
 
-    extra_raw = _setting(data, "vllm_extra_args", {}) or {}
-    extra = [(vllm_flags.normalise(k if k.startswith("--") else f"--{k}"), None if val is True else val)
-             for k, val in extra_raw.items()]
+    extra = _extra(_setting(data, "vllm_extra_args", {}) or {})
+    per_instance = _setting(data, "instance_extra_args", {}) or {}
 
     n = len(gpus)
     tp_req = _setting(data, "tensor_parallel_size")
@@ -419,24 +419,30 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
     elif spec in ("dflash", "dspark"):
         raise PlanError(f"speculative {spec} needs a draft checkpoint; set model.drafts.{spec}.repo")
 
-    flags = _flags(model, arch, v, tp, mml, util, seqs, batched, kvd, spec, spec_tokens, draft_paths,
-                   model_path, drain, extra)
-    _validate_flags(v, flags, model)
-    args = [model_path] + vllm_flags.render(flags)
+    def args_for(more: list) -> list[str]:
+        flags = _flags(model, arch, v, tp, mml, util, seqs, batched, kvd, spec, spec_tokens, draft_paths,
+                       model_path, drain, extra + more)
+        _validate_flags(v, flags, model)
+        return [model_path] + vllm_flags.render(flags)
 
+    args = args_for([])
     prefix = _setting(data, "instance_prefix", "nemotron-")
     port_base = _setting(data, "port_base", 8000)
     if not 1 <= port_base <= 65535 - count:
         raise PlanError(f"port_base {port_base} is not a usable TCP port")
     bind = _setting(data, "bind_address", "127.0.0.1")
     instances = []
-    for i in range(count):
-        name = f"{prefix}{i}"
+    names = [f"{prefix}{i}" for i in range(count)]
+    unknown = sorted(set(per_instance) - set(names))
+    if unknown:
+        raise PlanError(f"instance_extra_args names {', '.join(unknown)}, which the plan does not have ({', '.join(names)})")
+    for i, name in enumerate(names):
         if not _NAME.match(name):
             raise PlanError(f"instance name {name!r} is not a valid container name")
+        inst_args = args_for(_extra(per_instance[name])) if name in per_instance else args
         instances.append(Instance(
             name=name, gpus=gpus[i * tp:(i + 1) * tp], host_port=port_base + i, tp=tp,
-            ep=tp > 1 and model.moe, args=args, memory=mem, max_model_len=mml, max_num_seqs=seqs,
+            ep=tp > 1 and model.moe, args=inst_args, memory=mem, max_model_len=mml, max_num_seqs=seqs,
         ))
 
     # GPU selection and the NVML "Unknown Error" trap (reference §3.3)
@@ -480,6 +486,13 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
         gpu_method=method, mounts=mounts, downloads=downloads, env=env, bind_address=bind,
         served_name=model.served_name, warnings=warnings, docker_exec_opts=exec_opts,
     )
+
+
+def _extra(raw) -> list[tuple[str, object]]:
+    if not isinstance(raw, dict):
+        raise PlanError(f"extra vLLM args must be a mapping of flag to value, not {raw!r}")
+    return [(vllm_flags.normalise(k if k.startswith("--") else f"--{k}"), None if val is True else val)
+            for k, val in raw.items()]
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:

@@ -38,6 +38,19 @@ class Verdict:
         return not self.refusals and self.plan is not None
 
 
+def summary(facts: dict) -> str:
+    """One line: what this host is (shown by every preflight)."""
+    g = facts["gpus"]
+    if not g["gpus"]:
+        return f"GPUs: none ({g['error'] or 'nvidia-smi lists no GPU'})"
+    first = g["gpus"][0]
+    docker = facts["docker"]
+    return (f"GPUs: {len(g['gpus'])}x {first['name']} {first['memory_mib']} MiB cc {first['cc'] or '?'}, "
+            f"driver {g['driver']} (CUDA {facts.get('cuda') or '?'}), toolkit {facts['toolkit'].get('version') or 'absent'}, "
+            f"Docker {docker.get('server') or ('stopped' if docker.get('installed') else 'absent')}, "
+            f"cgroup v{facts.get('cgroup') or '?'}")
+
+
 def image_cuda(data: dict, facts: dict, image: str) -> str:
     """The CUDA version the image needs: from its NVIDIA_REQUIRE_CUDA when it is on the host,
     else from nemofleet's version table."""

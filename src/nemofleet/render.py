@@ -88,7 +88,7 @@ def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, s
     nets = frontend_networks(frontends, inst, len(plan.instances) == 1)
     drain = int(inst.args[inst.args.index("--shutdown-timeout") + 1]) if "--shutdown-timeout" in inst.args else 0
     return _env.get_template("vllm.service.j2").render(
-        host=plan.host, i=inst, served_name=plan.served_name, release=release_id(plan),
+        host=plan.host, i=inst, served_name=plan.served_name,
         gpu_indices=",".join(str(g.index) for g in inst.gpus), start_timeout=start_timeout,
         docker_stop=drain + 30, stop_timeout=drain + 60, connect_after_create=connect_after_create,
         run_words=run_words(plan, inst, nets, connect_after_create, docker_major < 25), later_networks=nets[1:] if connect_after_create else [],

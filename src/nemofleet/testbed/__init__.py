@@ -21,8 +21,8 @@ import yaml
 
 from . import images, tinymodel
 
-PREFIX = "nf-tb-"
-NETWORK = "nf-testbed"
+PREFIX = os.environ.get("NEMOFLEET_TESTBED_NAME", "nf-tb") + "-"
+NETWORK = f"{PREFIX}net"
 MIRROR = f"{PREFIX}hf-mirror"
 MIRROR_ALIAS = "hf-mirror"
 MIRROR_PORT = 8090
@@ -138,8 +138,17 @@ def container(host: str) -> str:
     return f"{PREFIX}{host}"
 
 
+def forget_host_key(port: int) -> None:
+    """A (re)created test host has a new SSH host key: drop the old one explicitly, here,
+    because the testbed knows it made a new host (pyinfra itself rejects a changed key)."""
+    known = testbed_dir() / "known_hosts"
+    if known.exists():
+        subprocess.run(["ssh-keygen", "-q", "-R", f"[127.0.0.1]:{port}", "-f", str(known)], capture_output=True)
+
+
 def create_host(host: str, spec: dict, port: int, state: dict) -> None:
     name = container(host)
+    forget_host_key(port)
     vol = f"{name}-docker"
     docker("volume", "create", "--label", LABEL, vol)
     docker("create", "--name", name, "--hostname", host, "--label", LABEL, *RUN_FLAGS,

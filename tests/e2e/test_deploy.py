@@ -1,0 +1,140 @@
+"""The main job against the testbed: converge, idempotence, refusals, serving, secrets."""
+import json
+import time
+
+import pytest
+
+from conftest import clear_mirror_log, mirror_log, on, pyinfra
+
+pytestmark = pytest.mark.e2e
+HOSTS = ["a100-1", "h100-1", "h200-1"]
+
+
+def test_first_converge_serves_every_host(converged):
+    first = converged["first"]
+    assert first.rc == 0
+    assert not first.errors()
+    assert "nemofleet serving | vLLM units" in first.changed()
+    for host in HOSTS:
+        units = on(host, "systemctl list-units --no-legend 'nemofleet-vllm-*' | awk '{print $1, $3, $4}'").stdout.split("\n")
+        units = [u for u in units if u]
+        want = 8 if host == "h100-1" else 1
+        assert len(units) == want, units
+        assert all(u.endswith("active running") for u in units), units
+
+
+def test_second_run_reports_zero_changes(converged):
+    """Molecule's idempotence step: a second converge on converged hosts changes nothing."""
+    second = converged["second"]
+    assert second.rc == 0, second.out[-4000:]
+    assert second.rows, second.out[-2000:]
+    assert second.changed() == [], f"operations changed on the second run: {second.changed()}"
+    assert all(r["nochange"] == str(r["hosts"]) for r in second.rows)
+
+
+def test_broken_host_refused_with_its_sentence_others_proceed(converged):
+    r = pyinfra(deploy="deploys/nemotron.py", env={"NEMOFLEET_TESTBED_BROKEN": "1"})
+    assert r.rc == 1
+    assert ("nemofleet refused broken-1: driver 535.104.05 supports CUDA 12.2 but vllm/vllm-openai:v0.27.1 "
+            "needs CUDA 12.8 (driver >= 570.26)") in r.out
+    assert "nemofleet refused broken-1: the NVIDIA Container Toolkit is not installed" in r.out
+    # the other hosts proceed, with zero changes; the broken host got nothing at all
+    assert r.changed() == []
+    assert on("broken-1", "ls /etc/nemofleet /etc/systemd/system/nemofleet-vllm-* 2>&1 || true").stdout.count("No such file") == 2
+    assert on("broken-1", "test -e /etc/docker/daemon.json && echo yes || echo no").stdout.strip() == "no"
+
+
+def test_chat_through_frontend_network_with_key_and_401_without(converged):
+    from nemofleet import testbed
+
+    key = (testbed.testbed_dir() / "api-key").read_text().strip()
+    # a "frontend" container on the Open-WebUI network talks to http://nemotron:8000/v1
+    probe = (
+        "import json, sys, urllib.request as u\n"
+        "key = open('/key').read().strip()\n"
+        "def call(path, data=None, auth=True):\n"
+        "    h = {'Content-Type': 'application/json'}\n"
+        "    if auth: h['Authorization'] = 'Bearer ' + key\n"
+        "    try:\n"
+        "        r = u.urlopen(u.Request('http://nemotron:8000' + path, data=data, headers=h), timeout=10)\n"
+        "        return r.status, json.load(r)\n"
+        "    except u.HTTPError as e:\n"
+        "        return e.code, None\n"
+        "body = json.dumps({'model': 'nemotron-3.5-lightning', 'max_tokens': 2048, 'messages': [{'role': 'user', 'content': 'What is 17*23?'}]}).encode()\n"
+        "print(json.dumps({'chat': call('/v1/chat/completions', body), 'noauth': call('/v1/models', auth=False)[0]}))\n"
+    )
+    on("a100-1", f"cat > /tmp/probe.py <<'EOF'\n{probe}EOF\ncp /etc/nemofleet/vllm.env /tmp/k.env && sed -n 's/^VLLM_API_KEY=//p' /tmp/k.env > /tmp/key && rm /tmp/k.env")
+    r = on("a100-1", "docker run --rm --network open-webui_default --entrypoint python3 -v /tmp/probe.py:/probe.py:ro "
+                     "-v /tmp/key:/key:ro vllm/vllm-openai:v0.27.1 /probe.py")
+    on("a100-1", "rm -f /tmp/key")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    status, chat = out["chat"]
+    assert status == 200
+    msg = chat["choices"][0]["message"]
+    assert msg["content"] and msg["reasoning"]
+    assert out["noauth"] == 401
+    assert key  # the key file of this testbed exists
+
+
+def test_cron_health_has_run_and_metrics_show_up(converged):
+    on("a100-1", "test -f /etc/cron.d/nemofleet-health && stat -c '%U %a' /etc/cron.d/nemofleet-health | grep -qx 'root 644'")
+    deadline = time.time() + 130
+    while time.time() < deadline:
+        r = on("a100-1", "journalctl -t nemofleet-health --no-pager -o cat 2>/dev/null | tail -3", check=False)
+        if "healthy" in r.stdout:
+            break
+        time.sleep(5)
+    assert "instance nemotron-0 healthy" in r.stdout, r.stdout
+    prom = on("a100-1", "cat /var/lib/prometheus/node-exporter/nemofleet.prom").stdout
+    assert 'nemofleet_vllm_up{instance="nemotron-0",model="nemotron-3.5-lightning",port="8000"} 1' in prom
+
+
+def test_secrets_never_in_output_processes_units_or_logs(converged):
+    from nemofleet import testbed
+
+    secrets = [(testbed.testbed_dir() / n).read_text().strip() for n in ("api-key", "hf-token")]
+    outputs = converged["first"].out + converged["second"].out
+    for host in HOSTS:
+        dump = on(host, "ps auxww; cat /etc/systemd/system/nemofleet-vllm-*.service; journalctl --no-pager -o cat; "
+                        "cat /usr/local/bin/nemofleet-health /etc/cron.d/nemofleet-health; docker ps --no-trunc; "
+                        "stat -c '%a %n' /etc/nemofleet/*", check=False).stdout
+        for s in secrets:
+            assert s not in dump, f"a secret leaked on {host}"
+        assert "600 /etc/nemofleet/vllm.env" in dump and "600 /etc/nemofleet/hf.env" in dump
+    for s in secrets:
+        assert s not in outputs
+
+
+def test_units_verify_and_restart_keeps_networks(converged):
+    on("h200-1", "systemd-analyze verify /etc/systemd/system/nemofleet-vllm-nemotron-0.service")
+    nets = on("h200-1", "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout
+    assert "open-webui_default" in nets and "dify_default" in nets
+    # kill the container: systemd brings it back, on both networks
+    on("h200-1", "docker kill nemotron-0")
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        r = on("h200-1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False)
+        if r.stdout == "200":
+            break
+        time.sleep(2)
+    assert r.stdout == "200"
+    nets = json.loads(on("h200-1", "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout)
+    assert set(nets) == {"open-webui_default", "dify_default"}
+    assert "nemotron" in nets["open-webui_default"]["Aliases"]
+
+
+def test_changing_one_instance_flag_restarts_only_that_instance(converged):
+    def started():
+        return {n: on("h100-1", f"docker inspect -f '{{{{.State.StartedAt}}}}' {n}").stdout.strip()
+                for n in (f"nemotron-{i}" for i in range(8))}
+
+    before = started()
+    r = pyinfra(hosts=["h100-1"], data={"instance_extra_args": json.dumps({"nemotron-3": {"--enforce-eager": True}})})
+    assert r.rc == 0, r.out[-3000:]
+    after = started()
+    assert [n for n in before if before[n] != after[n]] == ["nemotron-3"]
+    assert "--enforce-eager" in on("h100-1", "docker inspect -f '{{json .Args}}' nemotron-3").stdout
+    back = pyinfra(hosts=["h100-1"])
+    assert back.rc == 0
+    again = pyinfra(hosts=["h100-1"])
+    assert again.changed() == []

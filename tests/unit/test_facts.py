@@ -1,0 +1,80 @@
+"""Fact fixtures in pyinfra's style (command output lines -> value), incl. a real H200 capture."""
+import json
+from pathlib import Path
+
+from nemofleet.facts.docker import DaemonJson, DockerInfo, ImageInfo
+from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
+from nemofleet.facts.host import CgroupVersion, FreeDisk, HostFacts
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200"
+
+
+def lines(name):
+    return (H200 / name).read_text().splitlines()
+
+
+def test_nvidia_gpus_parses_real_h200_query():
+    out = lines("query_noheader.out") + [f"RC={(H200 / 'query_noheader.rc').read_text().strip()}"]
+    fact = NvidiaGpus().process(out)
+    assert fact["rc"] == 0 and fact["driver"] == "580.159.04"
+    assert fact["gpus"] == [{
+        "index": 0, "uuid": "GPU-ea950d4d-c55e-4fad-740e-b8bae40ede3a", "name": "NVIDIA H200",
+        "memory_mib": 143771, "cc": "9.0", "bus_id": "00000000:00:06.0", "mig": "Disabled",
+        "persistence": "Enabled", "driver": "580.159.04"}]
+
+
+def test_nvidia_gpus_absent_and_failing_driver():
+    assert NvidiaGpus().process(["NOCMD"])["smi"] is False
+    bad = NvidiaGpus().process(lines("query_bad_index.out") + ["RC=6"])
+    assert bad["rc"] == 6 and bad["gpus"] == [] and "No devices were found" in bad["error"]
+    not_loaded = NvidiaGpus().process([
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", "RC=9"])
+    assert not_loaded["rc"] == 9
+
+
+def test_public_a100_and_h100_formats_and_na_fields():
+    a100 = "0, GPU-5f2c8a41-3b9e-4d1a-9c6e-1a2b3c4d5e01, NVIDIA A100-SXM4-80GB, 81920, 570.124.06, 8.0, 00000000:07:00.0, Disabled, Enabled"
+    l40s = "0, GPU-1, NVIDIA L40S, 46068, 580.95.05, 8.9, 00000000:01:00.0, [N/A], Enabled"
+    g = NvidiaGpus().process([a100, l40s.replace("0, GPU-1", "1, GPU-1"), "RC=0"])["gpus"]
+    assert g[0]["cc"] == "8.0" and g[0]["memory_mib"] == 81920
+    assert g[1]["mig"] == "N/A"
+
+
+def test_cuda_version_from_real_q_xml_via_sed_output():
+    xml = (H200 / "q_xml.out").read_text()
+    version = xml.split("<cuda_version>")[1].split("</cuda_version>")[0]
+    assert NvidiaCudaVersion().process([version]) == "13.0"
+
+
+def test_toolkit_docker_daemon_json_cgroup_disk():
+    tk = ContainerToolkit().process(["ctk=1.18.0", "hook=1", "runtime=1", "cdi=/etc/cdi/nvidia.yaml", "cdi_refresh=enabled"])
+    assert tk == {"version": "1.18.0", "hook": True, "runtime": True, "cdi_specs": ["/etc/cdi/nvidia.yaml"], "cdi_refresh": True}
+    assert ContainerToolkit().process(["ctk=", "cdi_refresh="])["version"] is None
+    d = DockerInfo().process(["installed=1", "server=29.1.3", "cgroup_driver=systemd", "cgroup_version=2",
+                              "default_runtime=runc", 'runtimes={"nvidia":{},"runc":{}}'])
+    assert d["running"] and d["cgroup_version"] == 2 and d["runtimes"] == ["nvidia", "runc"]
+    assert DockerInfo().process(["installed=0"])["installed"] is False
+    assert DockerInfo().process(["installed=1", "running=0"])["running"] is False
+    assert DaemonJson().process(['{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
+    assert DaemonJson().process(["{oops"])["data"] is None
+    assert DaemonJson().process(["##NEMOFLEET_ABSENT##"]) == {"exists": False, "text": "", "data": {}, "error": None}
+    assert CgroupVersion().process(["cgroup2fs"]) == 2 and CgroupVersion().process(["tmpfs"]) == 1
+    assert FreeDisk().process(["68702183424"]) == 68702183424
+    assert ImageInfo().process(["", "absent"]) is None
+    assert ImageInfo().process(['sha256:ab ["CUDA_VERSION=12.8.1"]'])["env"] == {"CUDA_VERSION": "12.8.1"}
+
+
+def test_host_facts_real_h200_one_command_output():
+    """The combined fact's raw output, captured on the real H200 (no Docker there)."""
+    fact = HostFacts().process(lines("hostfacts.out"))
+    raw = lines("hostfacts.out")
+    want = json.loads((H200 / "hostfacts.json").read_text())  # `pyinfra @local fact` a moment later
+    want["disk_free"] = int(raw[raw.index("@@nemofleet-fact:disk_free") + 1])  # free space moved in between
+    assert fact == want
+    assert fact["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and fact["cuda"] == "13.0"
+    assert fact["docker"]["installed"] is False and fact["cgroup"] == 2
+
+
+def test_host_facts_command_is_one_command_exiting_zero():
+    cmd = HostFacts().command(models_root="/srv/m", image="vllm/vllm-openai:v0.27.1")
+    assert cmd.endswith("; true") and "nvidia-smi --query-gpu=" in cmd and "p=/srv/m;" in cmd

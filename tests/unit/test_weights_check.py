@@ -1,0 +1,58 @@
+"""The offline completeness check that runs on hosts (stdlib python3), on a generated model."""
+import json
+import os
+import subprocess
+import sys
+
+from nemofleet.facts.weights import CHECK_SCRIPT
+from nemofleet.testbed import tinymodel
+
+
+def check(d, rev, mode="check"):
+    r = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, d, rev, mode], capture_output=True, text=True)
+    return r.returncode, json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+def model(tmp_path):
+    sha = tinymodel.build(str(tmp_path / "repos"), "org/tiny")
+    return str(tmp_path / "repos" / "org/tiny" / sha), sha
+
+
+def test_complete_then_marker_fast_path(tmp_path):
+    d, sha = model(tmp_path)
+    rc, out, _ = check(d, sha)
+    assert rc == 0 and out["complete"] and not out["marker"] and out["total_size"] == 262144
+    rc, out, _ = check(d, sha, "write")
+    assert rc == 0 and os.path.exists(os.path.join(d, ".nemofleet-complete"))
+    rc, out, _ = check(d, sha)
+    assert out["complete"] and out["marker"]
+    assert not check(d, "f" * 40)[1]["marker"]  # marker is per revision
+
+
+def test_truncated_and_missing_shards_and_incomplete_files(tmp_path):
+    d, sha = model(tmp_path)
+    check(d, sha, "write")
+    shard = os.path.join(d, "model-00002-of-00002.safetensors")
+    os.truncate(shard, 1000)
+    os.remove(os.path.join(d, "config.json"))
+    os.makedirs(os.path.join(d, ".cache/huggingface/download"))
+    open(os.path.join(d, ".cache/huggingface/download/x.abc.incomplete"), "w").close()
+    rc, out, _ = check(d, sha)
+    assert not out["complete"] and out["truncated"] == ["model-00002-of-00002.safetensors"]
+    assert out["missing"] == ["config.json"] and out["incomplete_files"] == 1
+    rc, out, err = check(d, sha, "write")
+    assert rc == 1 and "incomplete after download" in err
+
+
+def test_full_verify_catches_corruption_of_same_size(tmp_path):
+    d, sha = model(tmp_path)
+    shard = os.path.join(d, "model-00001-of-00002.safetensors")
+    import hashlib
+    meta = os.path.join(d, ".cache/huggingface/download/model-00001-of-00002.safetensors.metadata")
+    os.makedirs(os.path.dirname(meta))
+    open(meta, "w").write(f"{sha}\n{hashlib.sha256(open(shard, 'rb').read()).hexdigest()}\n0\n")
+    assert check(d, sha, "full")[1]["complete"]
+    with open(shard, "r+b") as f:
+        f.seek(-1, 2)
+        f.write(b"\x00")
+    assert check(d, sha, "full")[1]["truncated"] == ["model-00001-of-00002.safetensors"]
