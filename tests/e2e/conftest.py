@@ -46,15 +46,16 @@ class Run:
         return [r["op"] for r in self.rows if r["error"] != "-"]
 
 
-def pyinfra(deploy="deploys/nemotron.py", hosts=(), data=None, extra=(), env=None, timeout=900) -> Run:
-    cmd = [PYINFRA, "-y", "inventories/testbed.py", deploy, *extra]
+def pyinfra(deploy="deploys/nemotron.py", hosts=(), data=None, extra=(), env=None, timeout=900, yes=True) -> Run:
+    cmd = [PYINFRA, *(["-y"] if yes else []), "inventories/testbed.py", deploy, *extra]
     for k, v in (data or {}).items():
         cmd += ["--data", f"{k}={v}"]
     e = dict(os.environ)
     if hosts:
         e["NEMOFLEET_TESTBED_HOSTS"] = ",".join(hosts)
     e.update(env or {})
-    return Run(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=e, timeout=timeout))
+    return Run(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=e, timeout=timeout,
+                              stdin=subprocess.DEVNULL))
 
 
 def on(host: str, script: str, check=True) -> subprocess.CompletedProcess:

@@ -107,8 +107,8 @@ def test_dry_diff_shows_daemon_json_change_before_making_it(converged):
     host = "h200-1"
     before = on(host, "cat /etc/docker/daemon.json").stdout
     r = pyinfra(hosts=[host], data={"docker_registry_mirrors": json.dumps(["https://dry.invalid"])},
-                extra=["--dry", "--diff"])
-    assert r.rc == 0
+                extra=["--dry", "--diff"], yes=False)  # change detection runs only without -y
+    assert r.rc == 0, r.out[-3000:]
     assert "Will modify /etc/docker/daemon.json" in r.out and "https://dry.invalid" in r.out
     assert on(host, "cat /etc/docker/daemon.json").stdout == before
 

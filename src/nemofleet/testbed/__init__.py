@@ -248,6 +248,7 @@ def down() -> None:
         destroy_host(host)
     docker("rm", "-f", MIRROR, check=False)
     docker("network", "rm", NETWORK, check=False)
+    (testbed_dir() / "known_hosts").unlink(missing_ok=True)
     state.pop("hosts", None)
     write_state(state)
     log("testbed down")

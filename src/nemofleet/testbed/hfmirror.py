@@ -86,9 +86,17 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, code, err, msg, head=False):
         self._send(code, {"error": msg}, {"X-Error-Code": err, "X-Error-Message": msg}, head=head)
 
-    def _repo(self, org, name):
+    def _resolve(self, org, name, rev, head=False):
+        """(repo, commit) or None after answering 404 with the Hub's error code."""
         repo = Repo(self.root, f"{unquote(org)}/{unquote(name)}")
-        return repo if repo.exists() else None
+        if not repo.exists():
+            self._error(404, "RepoNotFound", "Repository not found", head)
+            return None
+        sha = repo.commit(unquote(rev))
+        if not sha:
+            self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            return None
+        return repo, sha
 
     def do_HEAD(self):
         self._handle(head=True)
@@ -101,12 +109,10 @@ class Handler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/paths-info/([^/]+)", urlparse(self.path).path)
         if not m:
             return self._error(404, "EntryNotFound", "not found")
-        repo = self._repo(m.group(1), m.group(2))
-        if not repo:
-            return self._error(404, "RepoNotFound", "Repository not found")
-        sha = repo.commit(unquote(m.group(3)))
-        if not sha:
-            return self._error(404, "RevisionNotFound", "Invalid rev id")
+        found = self._resolve(m.group(1), m.group(2), m.group(3))
+        if not found:
+            return None
+        repo, sha = found
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode()
         try:
@@ -122,35 +128,29 @@ class Handler(BaseHTTPRequestHandler):
         path = url.path
         m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/revision/(.+)", path)
         if m:
-            repo = self._repo(m.group(1), m.group(2))
-            if not repo:
-                return self._error(404, "RepoNotFound", "Repository not found", head)
-            sha = repo.commit(unquote(m.group(3)))
-            if not sha:
-                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            found = self._resolve(m.group(1), m.group(2), m.group(3), head)
+            if not found:
+                return None
+            repo, sha = found
             files = repo.files(sha)
             return self._send(200, {"id": repo.id, "modelId": repo.id, "sha": sha, "private": False,
                                     "siblings": [{"rfilename": f["path"]} for f in files],
                                     "lastModified": "2026-11-01T00:00:00.000Z"}, head=head)
         m = re.fullmatch(r"/api/models/([^/]+)/([^/]+)/tree/([^/]+)(/.*)?", path)
         if m:
-            repo = self._repo(m.group(1), m.group(2))
-            if not repo:
-                return self._error(404, "RepoNotFound", "Repository not found", head)
-            sha = repo.commit(unquote(m.group(3)))
-            if not sha:
-                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            found = self._resolve(m.group(1), m.group(2), m.group(3), head)
+            if not found:
+                return None
+            repo, sha = found
             prefix = (m.group(4) or "").strip("/")
             files = [f for f in repo.files(sha) if not prefix or f["path"].startswith(prefix + "/")]
             return self._send(200, files, head=head)
         m = re.fullmatch(r"/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)", path)
         if m:
-            repo = self._repo(m.group(1), m.group(2))
-            if not repo:
-                return self._error(404, "RepoNotFound", "Repository not found", head)
-            sha = repo.commit(unquote(m.group(3)))
-            if not sha:
-                return self._error(404, "RevisionNotFound", "Invalid rev id", head)
+            found = self._resolve(m.group(1), m.group(2), m.group(3), head)
+            if not found:
+                return None
+            repo, sha = found
             rel = unquote(m.group(4))
             entry = next((f for f in repo.files(sha) if f["path"] == rel), None)
             if entry is None:
