@@ -121,6 +121,22 @@ def test_units_verify_and_restart_keeps_networks(converged):
     nets = json.loads(on("h200-1", "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout)
     assert set(nets) == {"open-webui_default", "dify_default"}
     assert "nemotron" in nets["open-webui_default"]["Aliases"]
+    # restart Docker itself: Requires=docker.service brings the unit (and its networks) back
+    on("h200-1", "systemctl restart docker")
+    assert wait_health("h200-1", 8000) == "200"
+    nets = json.loads(on("h200-1", "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout)
+    assert set(nets) == {"open-webui_default", "dify_default"}
+
+
+def wait_health(host, port, timeout=120):
+    deadline = time.time() + timeout
+    code = ""
+    while time.time() < deadline:
+        code = on(host, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/health", check=False).stdout
+        if code == "200":
+            break
+        time.sleep(2)
+    return code
 
 
 def test_changing_one_instance_flag_restarts_only_that_instance(converged):
