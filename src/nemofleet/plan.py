@@ -158,6 +158,7 @@ _SETTINGS = {
     "instance_prefix": (str, "container name prefix"),
     "drain_seconds": (int, "vLLM --shutdown-timeout"),
     "hf_endpoint": (str, "Hugging Face mirror URL"),
+    "image_registry_rewrite": (dict, "image prefix rewrites {prefix: replacement}"),
 }
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
@@ -319,6 +320,12 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
 
     image = _setting(data, "vllm_image", DEFAULT_IMAGE)
     version = vllm_flags.version_of_image(image)
+    # registry-mirrors only apply to Docker Hub (reference §4): other registries are reached
+    # through a rewritten name, e.g. {"nvcr.io/": "registry.internal/nvcr/"}
+    for prefix, replacement in (_setting(data, "image_registry_rewrite", {}) or {}).items():
+        if image.startswith(prefix):
+            image = replacement + image[len(prefix):]
+            break
     try:
         v = vllm_flags.get(version)
     except vllm_flags.UnknownVersion as exc:

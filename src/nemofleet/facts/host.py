@@ -50,6 +50,20 @@ class FreeDisk(FactBase):
         return int(text) if text.isdigit() else None
 
 
+class Release(FactBase):
+    """The release the host serves (/var/lib/nemofleet/release): {"id", "image", "model"} or None."""
+
+    command = "cat /var/lib/nemofleet/release 2>/dev/null || true"
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if sep:
+                out[key.strip()] = value.strip()
+        return out or None
+
+
 class HostFacts(FactBase):
     """Everything preflight and the serving plan need, in one remote command.
 
@@ -68,6 +82,7 @@ class HostFacts(FactBase):
         "disk_free": (FreeDisk, {"path": "models_root"}),
         "models": (ModelsOnDisk, {"root": "models_root"}),
         "image": (ImageInfo, {"ref": "image"}),
+        "release": (Release, {}),
     }
     MARK = "@@nemofleet-fact:"
 

@@ -36,12 +36,18 @@ class ContainerNetworks(FactBase):
     def process(self, output):
         out = {}
         for line in output:
-            name, running, *rest = line.strip().split(" ", 2)
+            parts = line.strip().split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("/"):
+                continue  # a container being re-created can print a partial answer
+            name, running, *rest = parts
             name = name.lstrip("/")
             if running == "absent":
                 out[name] = None
                 continue
-            nets = json.loads(rest[0]) if rest else {}
+            try:
+                nets = json.loads(rest[0]) if rest else {}
+            except ValueError:
+                nets = {}
             out[name] = {"running": running == "true",
                          "networks": {k: (v or {}).get("Aliases") or [] for k, v in (nets or {}).items()}}
         return out

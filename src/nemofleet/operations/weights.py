@@ -13,6 +13,8 @@ from pyinfra.api import StringCommand, operation
 from ..facts.weights import CHECK_SCRIPT, WeightsStatus, check_command
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
+SEED_KEY = "/etc/nemofleet/seed_ed25519"
+SEED_KNOWN_HOSTS = "/etc/nemofleet/seed_known_hosts"
 
 # Runs on the host before any byte is fetched: is the mirror up, does repo@revision exist,
 # is there disk for what is still missing? One sentence and exit 1 otherwise. The token is
@@ -58,7 +60,24 @@ def slug(directory: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
 
 
-def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes) -> str:
+def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
+    """Copy the weights from a peer that has them complete (rsync over SSH); on any failure,
+    fall back to the mirror. The completion marker is not copied: this host verifies itself."""
+    q = shlex.quote
+    ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
+           f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
+    src = f"{seed.get('user', 'root')}@{seed['host']}:{directory}/"
+    return [
+        f"if rsync -a --partial --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        f"then echo 'seeded {directory} from {seed['host']}'; "
+        f"else echo 'seeding from {seed['host']} failed; falling back to the Hugging Face mirror' >&2; fi",
+        f"if {check_command(directory, revision, 'check')} 2>/dev/null | grep -q '\"complete\": true'; then "
+        "echo 'peer copy is complete: no download needed'; exit 0; fi",
+    ]
+
+
+def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes,
+                    seed: dict | None = None) -> str:
     unit = DOWNLOAD_PREFIX + slug(directory)
     q = shlex.quote
     envs = ["-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_XET_HIGH_PERFORMANCE=1"]
@@ -75,6 +94,7 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         # a download from an earlier run may still be going (it survives SSH): wait for it
         f"while systemctl is-active -q {unit}; do sleep 5; done",
         f"mkdir -p {q(directory)}",
+        *(seed_lines(seed, directory, revision) if seed else []),
         f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
         f"{q(token_file or '')} {present_bytes} >/dev/null",
         # orphaned *.incomplete files of killed downloads are never reused (reference §5.2)
@@ -90,7 +110,7 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
 
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
-          token_file: str | None = None, full_verify: bool = False):
+          token_file: str | None = None, full_verify: bool = False, seed: dict | None = None):
     """Weights of repo@revision complete in `directory` (completion marker written last)."""
     status = host.get_fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
     if status and status["complete"] and (status["marker"] or full_verify):
@@ -111,7 +131,7 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         cleanup = sorted(status["truncated"])
     yield StringCommand("sh", "-c", shlex.quote(download_script(
         repo, revision, directory, image, endpoint, token_file, files, cleanup,
-        (status or {}).get("present_bytes", 0))))
+        (status or {}).get("present_bytes", 0), seed=seed)))
     yield check_command(directory, revision, "write")
 
 

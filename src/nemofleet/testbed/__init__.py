@@ -146,9 +146,10 @@ def forget_host_key(port: int) -> None:
         subprocess.run(["ssh-keygen", "-q", "-R", f"[127.0.0.1]:{port}", "-f", str(known)], capture_output=True)
 
 
-def create_host(host: str, spec: dict, port: int, state: dict) -> None:
+def create_host(host: str, spec: dict, port: int, state: dict, forget_key: bool = True) -> None:
     name = container(host)
-    forget_host_key(port)
+    if forget_key:
+        forget_host_key(port)
     vol = f"{name}-docker"
     docker("volume", "create", "--label", LABEL, vol)
     docker("create", "--name", name, "--hostname", host, "--label", LABEL, *RUN_FLAGS,
@@ -200,6 +201,10 @@ def ensure_secrets() -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(prefix + secrets.token_hex(16) + "\n")
             path.chmod(0o600)
+    seed = testbed_dir() / "seed_ed25519"
+    if not seed.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nemofleet-weights-seed",
+                        "-f", str(seed)], check=True)
 
 
 def up(profile: str = "default", only: list[str] | None = None) -> dict:
@@ -233,11 +238,12 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
 
 
 def recreate(host: str) -> dict:
-    """Disaster drill: destroy the host and its volumes, bring it back bare (new SSH host key)."""
+    """Disaster drill: destroy the host and its volumes, bring it back bare (new SSH host key,
+    which the controller's known_hosts does not know: `nemofleet rebuild` must handle it)."""
     state = read_state()
     spec = load_profiles(state.get("profile", "default"))[host]
     destroy_host(host)
-    create_host(host, spec, state["hosts"][host]["port"], state)
+    create_host(host, spec, state["hosts"][host]["port"], state, forget_key=False)
     wait_ssh(host, state["hosts"][host]["port"])
     return state
 

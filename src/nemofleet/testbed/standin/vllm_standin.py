@@ -166,9 +166,15 @@ def main(argv):
     server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
     signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=server.shutdown).start())
 
+    release = os.environ.get("STANDIN_RELEASE", "base")
+    try:
+        host_fail = json.load(open("/etc/nemofleet-sim/profile.json")).get("standin_fail_release")
+    except (OSError, ValueError):
+        host_fail = None
+
     def load():
         time.sleep(float(os.environ.get("STANDIN_STARTUP_SECONDS", "2")))
-        if os.environ.get("STANDIN_FAIL") == "start":
+        if os.environ.get("STANDIN_FAIL") == "start" or (host_fail and host_fail == release):
             print("RuntimeError: Engine core initialization failed (STANDIN_FAIL=start)", file=sys.stderr, flush=True)
             os._exit(1)
         STATE["ready"] = True

@@ -154,3 +154,35 @@ def test_changing_one_instance_flag_restarts_only_that_instance(converged):
     assert back.rc == 0
     again = pyinfra(hosts=["h100-1"])
     assert again.changed() == []
+
+
+def test_self_heal_restarts_after_k_failures_and_webhook_fires(converged):
+    host = "a100-1"
+    receiver = (
+        "import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_POST(self):\n"
+        "        body = self.rfile.read(int(self.headers['Content-Length']))\n"
+        "        open('/tmp/webhook.log', 'ab').write(body + b'\\n')\n"
+        "        self.send_response(204); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', 9911), H).serve_forever()\n"
+    )
+    on(host, f"cat > /tmp/receiver.py <<'EOF'\n{receiver}EOF\nrm -f /tmp/webhook.log; "
+             "(setsid python3 /tmp/receiver.py >/dev/null 2>&1 &); sleep 1")
+    started = on(host, "docker inspect -f '{{.State.StartedAt}}' nemotron-0").stdout.strip()
+    env = "FAIL_RESTART=2 WEBHOOK_URL=http://127.0.0.1:9911/hook"
+    try:
+        on(host, f"{env} /usr/local/bin/nemofleet-health")  # healthy: state up
+        bad = f"{env} MODEL_NAME=not-served flock /run/lock/nemofleet-health.lock /usr/local/bin/nemofleet-health"
+        first = on(host, bad, check=False)
+        assert first.returncode == 1 and "failure 1" in first.stdout
+        second = on(host, bad, check=False)
+        assert "restarting nemofleet-vllm-nemotron-0.service after 2 consecutive failures" in second.stdout
+        assert wait_health(host, 8000) == "200"
+        assert on(host, "docker inspect -f '{{.State.StartedAt}}' nemotron-0").stdout.strip() != started
+        hook = on(host, "cat /tmp/webhook.log").stdout
+        assert '"instance":"nemotron-0","state":"down"' in hook
+        assert on(host, f"{env} /usr/local/bin/nemofleet-health", check=False).returncode == 0
+        assert '"state":"up"' in on(host, "cat /tmp/webhook.log").stdout
+    finally:
+        on(host, "pkill -f /tmp/receiver.py; rm -f /tmp/receiver.py /tmp/webhook.log", check=False)
