@@ -154,10 +154,17 @@ def ansible(hosts, inv: Path, tags: str | None = None):
             if m and m.group(1) in ports:
                 execs[ports[m.group(1)]] = execs.get(ports[m.group(1)], 0) + 1
     changed = sum(int(m) for m in re.findall(r"changed=(\d+)", out.split("PLAY RECAP")[-1])) if "PLAY RECAP" in out else -1
+    changed_tasks, task = set(), None
+    for line in out.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:line.index("]")]
+        elif line.startswith("changed: [") and task:
+            changed_tasks.add(task)
     failed = sum(int(m) for m in re.findall(r"failed=(\d+)", out.split("PLAY RECAP")[-1])) if "PLAY RECAP" in out else -1
     if p.returncode:
         log("ansible failed:\n" + out[-3000:])
     return {"wall_s": round(wall, 2), "rc": p.returncode, "changed": changed, "failed": failed,
+            "changed_tasks": sorted(changed_tasks),
             "execs_per_host": round(statistics.mean(execs.values()), 1) if execs else 0}
 
 
@@ -202,8 +209,9 @@ def main() -> int:
         results["sizes"][str(n)] = r
         log(json.dumps({n: {"noop": {k: v["median_wall_s"] if isinstance(v, dict) else v for k, v in r["noop"].items()}}}))
     state = testbed.read_state()
-    for h in list(state.get("hosts", {})):
-        testbed.destroy_host(h)
+    if os.environ.get("BENCH_KEEP") != "1":
+        for h in list(state.get("hosts", {})):
+            testbed.destroy_host(h)
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "bench.json").write_text(json.dumps(results, indent=2))

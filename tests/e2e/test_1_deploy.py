@@ -97,10 +97,11 @@ def test_secrets_never_in_output_processes_units_or_logs(converged):
     for host in HOSTS:
         dump = on(host, "ps auxww; cat /etc/systemd/system/nemofleet-vllm-*.service; journalctl --no-pager -o cat; "
                         "cat /usr/local/bin/nemofleet-health /etc/cron.d/nemofleet-health; docker ps --no-trunc; "
-                        "stat -c '%a %n' /etc/nemofleet/*", check=False).stdout
+                        "stat -c '%a %n' /etc/nemofleet /etc/nemofleet/*", check=False).stdout
         for s in secrets:
             assert s not in dump, f"a secret leaked on {host}"
         assert "600 /etc/nemofleet/vllm.env" in dump and "600 /etc/nemofleet/hf.env" in dump
+        assert "700 /etc/nemofleet\n" in dump
     for s in secrets:
         assert s not in outputs
 

@@ -19,6 +19,7 @@ class FilesDigest(FactBase):
         quoted = " ".join(shlex.quote(p) for p in paths)
         return (f"for p in {quoted}; do if [ -f \"$p\" ]; then "
                 "echo \"$(stat -c %a \"$p\") $(sha256sum < \"$p\" | cut -d' ' -f1) $p\"; "
+                "elif [ -d \"$p\" ]; then echo \"$(stat -c %a \"$p\") dir $p\"; "
                 "else echo \"- - $p\"; fi; done")
 
     def process(self, output):
@@ -45,16 +46,18 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
     Paths that differ are added to `changed` (read later by `_if=` callables). With `secret`,
     contents are never shown in --diff output. `dirs` ({dir: mode}) are created first.
     """
-    current = host.get_fact(FilesDigest, paths=tuple(sorted(files)))
+    dirs = dirs or {}
+    current = host.get_fact(FilesDigest, paths=tuple(sorted(files) + sorted(dirs)))
+    bad_dirs = [(d, m) for d, m in sorted(dirs.items()) if current.get(d) != (oct(int(m, 8))[2:], "dir")]
     todo = []
     for path, (content, mode) in sorted(files.items()):
         want = (oct(int(mode, 8))[2:], hashlib.sha256(content.encode()).hexdigest())
         if current.get(path) != want:
             todo.append((path, content, mode, current.get(path)))
-    if not todo:
+    if not todo and not bad_dirs:
         host.noop(f"{len(files)} file(s) up to date")
         return
-    for d, mode in (dirs or {}).items():
+    for d, mode in bad_dirs:
         yield StringCommand("install", "-d", "-m", mode, d)
     for path, content, mode, cur in todo:
         if changed is not None:
@@ -68,7 +71,7 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
                 for line in generate_color_diff(old, content.splitlines(True)):
                     logger.info("  %s", line)
         tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
-        yield StringCommand("install", "-d", posixpath.dirname(path))
+        yield StringCommand("mkdir", "-p", posixpath.dirname(path))  # `install -d` would reset its mode
         yield FileUploadCommand(io.StringIO(content), tmp, remote_temp_filename=tmp)
         yield StringCommand("chmod", mode, tmp, "&&", "mv", "-f", tmp, path)
 
