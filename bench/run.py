@@ -90,11 +90,13 @@ def count_execs_pyinfra(text: str) -> dict[str, int]:
     return out
 
 
-def nemofleet(hosts, deploy="deploys/nemotron.py"):
+def nemofleet(hosts, deploy="deploys/nemotron.py", verbose=False):
+    """One run; wall time is measured without -vv (printing every command costs time), the
+    exec count comes from a -vv run (`verbose=True`)."""
     env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts))
     t0 = time.monotonic()
-    p = subprocess.run([PYINFRA, "-y", "-vv", "inventories/testbed.py", deploy], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([PYINFRA, "-y", *(["-vv"] if verbose else []), "inventories/testbed.py", deploy], cwd=ROOT,
+                       env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     out = p.stdout + p.stderr
     grand = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
@@ -104,41 +106,55 @@ def nemofleet(hosts, deploy="deploys/nemotron.py"):
             "execs_per_host": round(statistics.mean(execs.values()), 1) if execs else 0}
 
 
-def host_file(path: str) -> str:
-    return subprocess.run(["docker", "exec", testbed.container("bench-01"), "cat", path], check=True,
-                          capture_output=True, text=True).stdout
+HOST_FILES = r"""
+import glob, json
+paths = sorted(glob.glob("/etc/systemd/system/nemofleet-vllm-*.service")) + [
+    "/etc/docker/daemon.json", "/etc/nemofleet/vllm.env", "/etc/nemofleet/api-auth.header", "/etc/nemofleet/hf.env",
+    "/var/lib/nemofleet/release", "/usr/local/bin/nemofleet-health", "/etc/cron.d/nemofleet-health"]
+print(json.dumps({p: open(p).read() for p in paths}))
+"""
+
+
+def host_files(host: str) -> dict[str, str]:
+    """The files nemofleet rendered on this host (they name the host, so they differ per host)."""
+    out = subprocess.run(["docker", "exec", testbed.container(host), "python3", "-c", HOST_FILES], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def ansible_inventory(hosts) -> Path:
-    """Inventory + vars: the same end state nemofleet rendered for bench-01 (identical hosts)."""
+    """Inventory + per-host vars: the end state nemofleet rendered for each host, so both tools
+    converge the same hosts to the same bytes."""
     state = testbed.read_state()
-    units = subprocess.run(["docker", "exec", testbed.container("bench-01"), "sh", "-c",
-                            "ls /etc/systemd/system/nemofleet-vllm-*.service"], capture_output=True, text=True).stdout.split()
-    daemon = json.loads(host_file("/etc/docker/daemon.json"))
     image = "vllm/vllm-openai:v0.27.1"
     script = download_script("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", state["model_revision"], MODEL_DIR,
                              image, state["mirror_url"], "/etc/nemofleet/hf.env", [], [], 0)
     script += "\n" + check_command(MODEL_DIR, state["model_revision"], "write")
-    common = {
-        "ansible_user": "root", "ansible_ssh_private_key_file": state["key"], "ansible_host": "127.0.0.1",
-        "daemon_keys": {k: v for k, v in daemon.items()},
-        "secret_files": [{"path": p, "content": host_file(p)} for p in
-                         ("/etc/nemofleet/vllm.env", "/etc/nemofleet/api-auth.header", "/etc/nemofleet/hf.env")],
-        "image": image, "image_archive": state["archives"][image], "model_dir": MODEL_DIR,
-        "download_script": script, "networks": ["open-webui_default", "dify_default"],
-        "units": [{"name": os.path.basename(u), "content": host_file(u)} for u in units],
-        "release_record": host_file("/var/lib/nemofleet/release"),
-        "health_files": [{"path": "/usr/local/bin/nemofleet-health", "content": host_file("/usr/local/bin/nemofleet-health"), "mode": "0755"},
-                         {"path": "/etc/cron.d/nemofleet-health", "content": host_file("/etc/cron.d/nemofleet-health"), "mode": "0644"}],
-    }
-    inv = {"all": {"vars": common, "hosts": {h: {"ansible_port": state["hosts"][h]["port"]} for h in hosts}}}
+    common = {"ansible_user": "root", "ansible_ssh_private_key_file": state["key"], "ansible_host": "127.0.0.1",
+              "image": image, "image_archive": state["archives"][image], "model_dir": MODEL_DIR,
+              "download_script": script, "networks": ["open-webui_default", "dify_default"]}
+    per_host = {}
+    for h in hosts:
+        f = host_files(h)
+        per_host[h] = {
+            "ansible_port": state["hosts"][h]["port"],
+            "daemon_keys": json.loads(f["/etc/docker/daemon.json"]),
+            "secret_files": [{"path": p, "content": f[p]} for p in
+                             ("/etc/nemofleet/vllm.env", "/etc/nemofleet/api-auth.header", "/etc/nemofleet/hf.env")],
+            "units": [{"name": os.path.basename(p), "content": c} for p, c in f.items() if p.endswith(".service")],
+            "release_record": f["/var/lib/nemofleet/release"],
+            "health_files": [{"path": "/usr/local/bin/nemofleet-health", "content": f["/usr/local/bin/nemofleet-health"], "mode": "0755"},
+                             {"path": "/etc/cron.d/nemofleet-health", "content": f["/etc/cron.d/nemofleet-health"], "mode": "0644"}],
+        }
+    inv = {"all": {"vars": common, "hosts": per_host}}
     p = testbed.testbed_dir() / "ansible-inventory.json"
     p.write_text(json.dumps(inv))
     return p
 
 
-def ansible(hosts, inv: Path, tags: str | None = None):
-    cmd = [ANSIBLE, "-i", str(inv), "-f", str(len(hosts)), "-vvv", str(ROOT / "bench" / "ansible" / "site.yml")]
+def ansible(hosts, inv: Path, tags: str | None = None, verbose=False):
+    cmd = [ANSIBLE, "-i", str(inv), "-f", str(len(hosts)), *(["-vvv"] if verbose else []),
+           str(ROOT / "bench" / "ansible" / "site.yml")]
     if tags:
         cmd += ["--tags", tags]
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "bench" / "ansible" / "ansible.cfg"))
@@ -183,7 +199,7 @@ def main() -> int:
                "sizes": {}}
     for n in sizes:
         hosts = fresh(n)
-        r = {"first_converge": {"nemofleet": nemofleet(hosts)}}
+        r = {"first_converge": {"nemofleet": nemofleet(hosts, verbose=True)}}
         time.sleep(3)
         inv = ansible_inventory(hosts)
         noop = {"nemofleet": [], "ansible": []}
@@ -194,6 +210,11 @@ def main() -> int:
         for _ in range(reps):
             pre["nemofleet"].append(nemofleet(hosts, "deploys/preflight.py"))
             pre["ansible"].append(ansible(hosts, inv, tags="preflight"))
+        execs = {"nemofleet": {"noop": nemofleet(hosts, verbose=True)["execs_per_host"],
+                               "preflight": nemofleet(hosts, "deploys/preflight.py", verbose=True)["execs_per_host"]},
+                 "ansible": {"noop": ansible(hosts, inv, verbose=True)["execs_per_host"],
+                             "preflight": ansible(hosts, inv, tags="preflight", verbose=True)["execs_per_host"]}}
+        r["execs_per_host"] = execs
         r["noop"] = {k: {"median_wall_s": med(v), "runs": v} for k, v in noop.items()}
         r["preflight"] = {k: {"median_wall_s": med(v), "runs": v} for k, v in pre.items()}
         r["noop"]["ratio_ansible_over_nemofleet"] = round(med(noop["ansible"]) / med(noop["nemofleet"]), 1)
@@ -203,9 +224,9 @@ def main() -> int:
                 testbed.destroy_host(h)
             (testbed.testbed_dir() / "known_hosts").unlink(missing_ok=True)
             hosts = fresh(n)
-            r["first_converge"]["ansible"] = ansible(hosts, inv)
+            r["first_converge"]["ansible"] = ansible(hosts, inv, verbose=True)
             time.sleep(3)
-            r["first_converge"]["nemofleet_noop_after_ansible"] = nemofleet(hosts)
+            r["first_converge"]["nemofleet_noop_after_ansible"] = nemofleet(hosts, verbose=True)
         results["sizes"][str(n)] = r
         log(json.dumps({n: {"noop": {k: v["median_wall_s"] if isinstance(v, dict) else v for k, v in r["noop"].items()}}}))
     state = testbed.read_state()
@@ -230,8 +251,8 @@ def table(results) -> str:
             f"| {n} | {r['first_converge']['nemofleet']['wall_s']} s | {str(fa['wall_s']) + ' s' if fa else '-'} | "
             f"{r['noop']['nemofleet']['median_wall_s']} s | {r['noop']['ansible']['median_wall_s']} s | "
             f"{r['noop']['ratio_ansible_over_nemofleet']}x | {r['preflight']['nemofleet']['median_wall_s']} s | "
-            f"{r['preflight']['ansible']['median_wall_s']} s | {r['noop']['nemofleet']['runs'][-1]['execs_per_host']} / "
-            f"{r['noop']['ansible']['runs'][-1]['execs_per_host']} |")
+            f"{r['preflight']['ansible']['median_wall_s']} s | {r['execs_per_host']['nemofleet']['noop']} / "
+            f"{r['execs_per_host']['ansible']['noop']} |")
     return "\n".join(lines)
 
 

@@ -230,9 +230,9 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
     state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
                  mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
     write_state(state)
-    for host, h in hosts.items():
-        if not only or host in only:
-            wait_ssh(host, h["port"])
+    waiting = [host for host in hosts if not only or host in only]
+    for host in waiting:  # they boot in parallel; allow for a large fleet on a small machine
+        wait_ssh(host, hosts[host]["port"], timeout=max(120, 15 * len(waiting)))
     log(f"testbed up: {', '.join(hosts)} (state in {state_path()})")
     return state
 

