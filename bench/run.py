@@ -228,16 +228,22 @@ def main() -> int:
             time.sleep(3)
             r["first_converge"]["nemofleet_noop_after_ansible"] = nemofleet(hosts, verbose=True)
         results["sizes"][str(n)] = r
+        save(results)
         log(json.dumps({n: {"noop": {k: v["median_wall_s"] if isinstance(v, dict) else v for k, v in r["noop"].items()}}}))
     state = testbed.read_state()
     if os.environ.get("BENCH_KEEP") != "1":
         for h in list(state.get("hosts", {})):
             testbed.destroy_host(h)
+    save(results)
+    print(table(results))
+    return 0
+
+
+def save(results) -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "bench.json").write_text(json.dumps(results, indent=2))
-    print(table(results))
-    return 0
+    (out / "bench.md").write_text(table(results) + "\n")
 
 
 def table(results) -> str:

@@ -136,10 +136,12 @@ def cmd_status(a) -> int:
             continue
         lines = text.splitlines()
         have = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
-        want = None
+        want, planned = None, {}
         if h in facts and h in datas:
             v = checks.check(h, facts[h], datas[h])
-            want = render.release_id(v.plan) if v.plan and not v.refusals else None
+            if v.plan and not v.refusals:
+                want = render.release_id(v.plan)
+                planned = {i.name: (",".join(str(g.index) for g in i.gpus), v.plan.served_name) for i in v.plan.instances}
         drift = "in sync" if have and have == want else f"DRIFT: inventory plans {want or '(refused)'}"
         print(f"   release {have or 'none'} ({drift})")
         ups = {m.group(1): m.group(2) for m in (re.match(r'prom nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)', ln) for ln in lines) if m}
@@ -150,7 +152,8 @@ def cmd_status(a) -> int:
                 name = unit[len("nemofleet-vllm-"):-len(".service")]
                 age = f"{time.time() - last[name]:.0f}s ago" if last.get(name) else "never"
                 health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
-                print(f"   {name:<14} {state:<10} {health:<10} last healthy {age}")
+                gpus, model = planned.get(name, ("?", "not in the plan"))
+                print(f"   {name:<14} {state:<10} {health:<10} last healthy {age:<10} GPU {gpus:<6} {model}")
             elif ln.startswith(("weights ", "download ")):
                 print(f"   {ln}")
         if drift != "in sync":

@@ -193,17 +193,16 @@ def serve(p: Plan, facts: dict) -> None:
     units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
     running = units.running(name="vLLM instances enabled and running", units=[i.unit for i in p.instances],
                             changed=changed)
-    ready_cmd = " ".join(
-        f"wait_ready {i.name} {i.host_port};" for i in p.instances)
     timeout = int(s.get("ready_timeout", 1200))
+    addr = render.probe_address(p)
     server.shell(
         name="Wait until the (re)started instances are ready",
         commands=[
-            "wait_ready() { end=$(( $(date +%s) + " + str(timeout) + " )); "
-            "until [ \"$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:$2/health)\" = 200 ]; do "
-            "if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after " + str(timeout) + "s; "
-            "journalctl -u nemofleet-vllm-$1 -n 20\" >&2; journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; "
-            "if ! systemctl is-active -q nemofleet-vllm-$1; then :; fi; sleep 2; done; }; " + ready_cmd
+            f"wait_ready() {{ end=$(( $(date +%s) + {timeout} )); "
+            f"until [ \"$(curl -s -o /dev/null -w '%{{http_code}}' http://{addr}:$2/health)\" = 200 ]; do "
+            f"if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after {timeout}s:\" >&2; "
+            "journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; sleep 2; done; }; "
+            + " ".join(f"wait_ready {i.name} {i.host_port};" for i in p.instances)
         ],
         _if=lambda: running.did_change() and s.get("wait_ready", True),
     )

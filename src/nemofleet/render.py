@@ -107,9 +107,14 @@ def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, s
     )
 
 
+def probe_address(plan: Plan) -> str:
+    """Where checks on the host reach the published ports."""
+    return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else plan.bind_address
+
+
 def health_script(plan: Plan, settings: dict) -> str:
     return _env.get_template("nemofleet-health.sh.j2").render(
-        host=plan.host, instances=plan.instances, served_name=plan.served_name,
+        host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
         check_infer=1 if settings.get("health_check_infer") else 0,
         fail_restart=int(settings.get("health_fail_restart", 0) or 0),
         webhook_url=settings.get("health_webhook_url") or "",

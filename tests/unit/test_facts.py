@@ -87,3 +87,17 @@ def test_container_networks_tolerates_partial_answers():
     out = ContainerNetworks().process([
         '/nemotron-0 true {"dify_default":{"Aliases":["nemotron"]}}', "", "garbage", "/nemotron-1 absent"])
     assert out == {"nemotron-0": {"running": True, "networks": {"dify_default": ["nemotron"]}}, "nemotron-1": None}
+
+
+def test_os_release_release_and_models_on_disk():
+    from nemofleet.facts.host import OsRelease, Release
+    from nemofleet.facts.weights import ModelsOnDisk
+
+    os_rel = OsRelease().process(lines("os_release.out"))
+    assert os_rel["ID"] == "ubuntu" and os_rel["VERSION_ID"] == "24.04"
+    assert Release().process(["id=0a1b2c3d4e5f", "image=vllm/vllm-openai:v0.27.1"]) == {
+        "id": "0a1b2c3d4e5f", "image": "vllm/vllm-openai:v0.27.1"}
+    assert Release().process([]) is None
+    meta = ModelsOnDisk().process(['{"nvidia--X": {"total_size": 10, "complete": true}}'])
+    assert meta["nvidia--X"]["total_size"] == 10
+    assert ModelsOnDisk().process(["not json"]) == {}

@@ -59,3 +59,12 @@ def test_release_id_changes_with_flags_only():
 def test_cron_file_rules():
     text = health_cron({})
     assert text.endswith("\n") and "SHELL=/bin/sh" in text and "flock -n" in text and "logger -t nemofleet-health" in text
+
+
+def test_checks_reach_the_port_where_it_is_published():
+    from nemofleet.render import health_script
+
+    assert "http://127.0.0.1:$2" in health_script(make_plan("h", GPUS[:1], {}), {})
+    private = make_plan("h", GPUS[:1], {"bind_address": "10.1.2.3"})
+    assert "http://10.1.2.3:$2" in health_script(private, {})
+    assert "-p 10.1.2.3:8000:8000" in unit(private, private.instances[0], [], 29)

@@ -207,9 +207,21 @@ def ensure_secrets() -> None:
                         "-f", str(seed)], check=True)
 
 
+def raise_inotify_limit(want: int = 1024) -> None:
+    """Each systemd test host takes inotify instances; the kernel default of 128 per user stops
+    the 15th or so host from booting (sysinit waits forever). Raise it when we may."""
+    path = Path("/proc/sys/fs/inotify/max_user_instances")
+    try:
+        if int(path.read_text()) < want:
+            path.write_text(str(want))
+    except (OSError, ValueError):
+        log(f"could not raise fs.inotify.max_user_instances to {want}; large testbeds may not boot")
+
+
 def up(profile: str = "default", only: list[str] | None = None) -> dict:
     profiles = load_profiles(profile)
     ensure_secrets()
+    raise_inotify_limit()
     state = read_state()
     state = build(state)
     ensure_key()
