@@ -197,6 +197,9 @@ def main() -> int:
                f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
                "ansible": "ansible-core 2.19.14, pipelining, ControlPersist, gather_facts off, forks=N",
                "sizes": {}}
+    previous = ROOT / "bench" / "results" / "bench.json"
+    if os.environ.get("BENCH_MERGE") == "1" and previous.exists():
+        results["sizes"] = json.loads(previous.read_text())["sizes"]  # add sizes to an earlier run
     for n in sizes:
         hosts = fresh(n)
         r = {"first_converge": {"nemofleet": nemofleet(hosts, verbose=True)}}
