@@ -7,6 +7,7 @@ preflight verdict (preflight.py); this module only turns them into operations.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 
 from pyinfra import host, logger
@@ -33,8 +34,7 @@ def data() -> dict:
     return {k: host.data.get(k) for k in keys}
 
 
-def settings() -> dict:
-    return data()
+settings = data
 
 
 def _facts(s: dict) -> dict:
@@ -240,12 +240,7 @@ def files_line(pub: str) -> None:
     from pyinfra.operations import files as pfiles
 
     pfiles.line(name="Fleet seed key may read weights from this host", path="/root/.ssh/authorized_keys",
-                line=f"^{re_escape(pub)}$", replace=pub, present=True)
-
-
-def re_escape(text: str) -> str:
-    import re
-    return re.escape(text)
+                line=f"^{re.escape(pub)}$", replace=pub, present=True)
 
 
 def nemotron() -> None:
