@@ -8,7 +8,6 @@ apparent size is real for stat() and the header check; no disk is used).
     python bench/weights_recheck.py        # prints a table and writes bench/results/weights.json
 """
 import json
-import os
 import struct
 import subprocess
 import sys

@@ -15,23 +15,15 @@ import argparse
 import json
 import re
 import os
-import subprocess
 import sys
 import time
 
 
-def _pyinfra(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
-    exe = os.path.join(os.path.dirname(sys.executable), "pyinfra")
-    env = dict(os.environ, PYINFRA_PROGRESS="off")
-    return subprocess.run([exe, *args], capture_output=capture, text=True, env=env)
-
-
 def gather_facts(inventory: str, limit: list[str]) -> dict:
     """HostFacts of every host, read-only (pyinfra's `fact` command)."""
-    args = [inventory, "--json"]
-    for h in limit:
-        args += ["--limit", h]
-    r = _pyinfra(*args, "fact", "nemofleet.facts.host.HostFacts")
+    from .rollout import pyinfra
+
+    r = pyinfra(inventory, limit, "--json", "fact", "nemofleet.facts.host.HostFacts")
     out = r.stdout
     try:
         data = json.loads(out[out.index("{"):out.rindex("}") + 1])

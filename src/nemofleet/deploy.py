@@ -19,7 +19,7 @@ from . import render
 from .facts.host import HostFacts
 from .operations import daemon_json, docker, files, preflight, units, weights
 from .operations.daemon_json import DaemonJsonError, validate_settings
-from .plan import Plan, PlanError
+from .plan import Plan
 
 DEFAULT_FRONTENDS: list[dict] = []
 

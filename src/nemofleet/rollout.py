@@ -293,10 +293,9 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
                     if res.result != "ok":
                         failures += 1
-            failures_now = failures
-            if failures_now > max_failures:
+            if failures > max_failures:
                 outcome.halted = True
-                outcome.reason = f"{failures_now} failure(s), budget {max_failures}: halted after {label}"
+                outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"
                 break
     finally:
         release_all(inventory, reachable)

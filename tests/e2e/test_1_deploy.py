@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from conftest import clear_mirror_log, mirror_log, on, pyinfra
+from conftest import on, pyinfra
 
 pytestmark = pytest.mark.e2e
 HOSTS = ["a100-1", "h100-1", "h200-1"]

@@ -1,6 +1,5 @@
 """Rolling rollouts with a health gate, halt and rollback, the deploy lock, an unreachable host,
 and a disaster-recovery rebuild of a destroyed host (runs last: it changes releases)."""
-import json
 import os
 import re
 import subprocess

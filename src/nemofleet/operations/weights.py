@@ -10,7 +10,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from ..facts.weights import CHECK_SCRIPT, WeightsStatus, check_command
+from ..facts.weights import WeightsStatus, check_command
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
 SEED_KEY = "/etc/nemofleet/seed_ed25519"
@@ -134,5 +134,3 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         (status or {}).get("present_bytes", 0), seed=seed)))
     yield check_command(directory, revision, "write")
 
-
-__all__ = ["model", "CHECK_SCRIPT"]
