@@ -108,10 +108,10 @@ def run_preflight() -> tuple[Plan | None, dict]:
 
 
 @deploy("nemofleet host configuration")
-def configure_host(p: Plan, facts: dict) -> dict:
+def configure_host(p: Plan, facts: dict) -> None:
     s = settings()
-    changes: dict = {}
-    daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)", desired=docker_settings(s, p, facts), changes=changes)
+    daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
+                           desired=docker_settings(s, p, facts))
     host_files: dict = {}
     proxy = render.docker_proxy(s)
     if proxy:
@@ -152,7 +152,6 @@ def configure_host(p: Plan, facts: dict) -> dict:
                 "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"])
         else:
             server.shell(name="Generate the CDI spec", commands=["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"])
-    return changes
 
 
 @deploy("nemofleet weights")

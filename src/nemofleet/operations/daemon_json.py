@@ -92,11 +92,8 @@ def render(data: dict) -> str:
 
 
 @operation(is_idempotent=True)
-def configured(desired: dict, path: str = "/etc/docker/daemon.json", changes: dict | None = None):
-    """Merge `desired` into daemon.json; reload Docker for reloadable keys, restart otherwise.
-
-    `changes`, if given, receives {"written": bool, "action": "reload"|"restart"|None}.
-    """
+def configured(desired: dict, path: str = "/etc/docker/daemon.json"):
+    """Merge `desired` into daemon.json; reload Docker for reloadable keys, restart otherwise."""
     try:
         validate_settings(desired)
     except DaemonJsonError as exc:
@@ -113,8 +110,6 @@ def configured(desired: dict, path: str = "/etc/docker/daemon.json", changes: di
         return
     restart = needs_restart(current["data"], merged)
     action = "restart" if restart else "reload"
-    if changes is not None:
-        changes.update(written=True, action=action)
     text = render(merged)
     if state.config.DIFF:
         host.log(f"Will {'modify' if current['exists'] else 'create'} {path} (then {action} docker"
