@@ -37,3 +37,18 @@ health_schedule = "* * * * *"
 health_check_infer = False
 health_fail_restart = 0  # restart an instance after N consecutive failures (0 = off)
 health_webhook_url = None
+
+# Opt-in installs (default: check only). The container toolkit from NVIDIA's apt repository,
+# pinned and held; the key is a file on the controller
+# (curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey > files/nvidia-container-toolkit.asc).
+install_container_toolkit = False
+container_toolkit_version = None  # e.g. "1.18.0-1" (required when installing)
+container_toolkit_repo = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+container_toolkit_key_file = None
+# The NVIDIA driver: a pinned branch, held; the host reboots only when the install changed
+# something (never the machine nemofleet runs on), then preflight runs again.
+install_nvidia_driver = False
+nvidia_driver_branch = None  # e.g. "580"
+nvidia_driver_packages = None  # default: nvidia-driver-{branch}-server, nvidia-utils-{branch}-server (Ubuntu)
+nvidia_driver_repo = None  # None: the host's own apt sources; or a flat repo such as NVIDIA's CUDA repo
+nvidia_driver_key_file = None

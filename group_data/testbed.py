@@ -23,3 +23,11 @@ frontends = [
 ]
 health_check_infer = True
 ready_timeout = 120
+# the simulated NVIDIA apt repository (driver branches, container toolkit), signed with a testbed key;
+# used by hosts that set install_nvidia_driver / install_container_toolkit (bare-1)
+container_toolkit_repo = _s.get("apt_repo_url")
+container_toolkit_key_file = _s.get("apt_key_file")
+container_toolkit_version = "1.18.0-1"
+nvidia_driver_repo = _s.get("apt_driver_repo_url")
+nvidia_driver_key_file = _s.get("apt_key_file")
+

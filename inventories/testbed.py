@@ -27,6 +27,7 @@ for _name, _h in _state["hosts"].items():
         "ssh_key": _state["key"],
         "ssh_known_hosts_file": str(testbed_dir() / "known_hosts"),
         "ssh_strict_host_key_checking": "accept-new",
+        **(_h.get("data") or {}),  # per-host data of its profile (e.g. bare-1 installs the driver)
     }))
 
 gpu_a100 = _groups.get("gpu_a100", [])

@@ -6,20 +6,21 @@ preflight verdict (preflight.py); this module only turns them into operations.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import server, systemd
+from pyinfra.operations import python, server, systemd
 
+from . import bootstrap, render
 from . import preflight as checks
-from . import render
 from .facts.host import HostFacts
-from .operations import daemon_json, docker, files, preflight, units, weights
+from .operations import daemon_json, docker, files, gpu_access, preflight, units, weights
 from .operations.daemon_json import DaemonJsonError, validate_settings
-from .plan import Plan
+from .plan import Plan, effective_cgroup_driver
 
 DEFAULT_FRONTENDS: list[dict] = []
 
@@ -108,10 +109,12 @@ def run_preflight() -> tuple[Plan | None, dict]:
 
 
 @deploy("nemofleet host configuration")
-def configure_host(p: Plan, facts: dict) -> None:
+def configure_host(p: Plan, facts: dict) -> set:
+    """Returns the set of daemon.json keys this run changes (filled in as the op executes)."""
     s = settings()
+    daemon_changed: set = set()
     daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
-                           desired=docker_settings(s, p, facts))
+                           desired=docker_settings(s, p, facts), changed=daemon_changed)
     host_files: dict = {}
     proxy = render.docker_proxy(s)
     if proxy:
@@ -152,13 +155,17 @@ def configure_host(p: Plan, facts: dict) -> None:
                 "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"])
         else:
             server.shell(name="Generate the CDI spec", commands=["nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"])
+    return daemon_changed
+
+
+def _image_archive(s: dict, p: Plan) -> str | None:
+    return s.get("vllm_image_archive") or (s.get("vllm_image_archives") or {}).get(p.image)
 
 
 @deploy("nemofleet weights")
 def fetch_weights(p: Plan) -> None:
     s = settings()
-    archive = s.get("vllm_image_archive") or (s.get("vllm_image_archives") or {}).get(p.image)
-    docker.image(name=f"Image {p.image}", ref=p.image, archive=archive)
+    docker.image(name=f"Image {p.image}", ref=p.image, archive=_image_archive(s, p))
     token_file = render.HF_ENV if _secret(s, "hf_token") else None
     seed = s.get("weights_seed_from")
     if isinstance(seed, str) and seed:
@@ -170,9 +177,35 @@ def fetch_weights(p: Plan) -> None:
                       seed=seed or None)
 
 
+def gpu_access_signature(s: dict, p: Plan, facts: dict) -> str:
+    """What decides whether containers keep their GPUs once this run is done: the GPU method,
+    Docker's cgroup driver, and the Docker, toolkit and driver versions (a run that rewrites
+    other GPU keys of daemon.json forces the probe by itself)."""
+    d, desired = facts["docker"], docker_settings(s, p, facts)
+    # exec-opts None in `desired` removes the key (Docker's default driver); absent leaves it
+    exec_opts = (desired["exec-opts"] or []) if "exec-opts" in desired else None
+    cgroup = effective_cgroup_driver(exec_opts, d.get("cgroup_driver"), facts.get("cgroup"))
+    return json.dumps({"method": p.gpu_method, "cgroup_driver": cgroup, "docker": d.get("server"),
+                       "toolkit": facts["toolkit"].get("version"), "driver": facts["gpus"].get("driver")},
+                      sort_keys=True)
+
+
+def probe_gpu_access(s: dict, p: Plan, facts: dict, force: bool | set = False) -> None:
+    hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
+            if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")
+    gpu_access.survives_daemon_reload(
+        name="GPU access survives systemctl daemon-reload (probe)", image=p.image,
+        gpu_args=render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
+        signature=gpu_access_signature(s, p, facts), remedy_hint=hint, force=force,
+        recorded=facts.get("gpu_access"))
+
+
 @deploy("nemofleet serving")
-def serve(p: Plan, facts: dict) -> None:
+def serve(p: Plan, facts: dict, daemon_changed: set | None = None) -> None:
     s = settings()
+    # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
+    # whenever this run rewrote daemon.json (e.g. repaired a drifted cgroup driver).
+    probe_gpu_access(s, p, facts, force=daemon_changed if daemon_changed is not None else False)
     frontends = s.get("frontends") or DEFAULT_FRONTENDS
     if frontends:
         docker.networks(name="Frontend networks", wanted={f["network"]: bool(f.get("create")) for f in frontends})
@@ -244,13 +277,31 @@ def files_line(pub: str) -> None:
 
 def nemotron() -> None:
     """The main job: fresh GPU hosts to serving; a converged host changes nothing."""
+    pending = bootstrap.install(settings())
+    if pending:  # the driver/toolkit change first: preflight must see the host as it is then
+        python.call(name="Preflight and converge on the freshly installed host", function=converge)
+    elif pending is not None:
+        converge()
+
+
+def converge() -> None:
     p, facts = run_preflight()
     if p is None:
         return
-    configure_host(p, facts)
+    daemon_changed = configure_host(p, facts)
     fetch_weights(p)
-    serve(p, facts)
+    serve(p, facts, daemon_changed)
     health(p)
+
+
+def gpu_probe_only() -> None:
+    """Diagnose the NVML trap now: a test container must keep its GPU across daemon-reload."""
+    p, _facts = run_preflight()
+    if p is None:
+        return
+    s = settings()
+    docker.image(name=f"Image {p.image}", ref=p.image, archive=_image_archive(s, p))
+    probe_gpu_access(s, p, _facts, force=True)
 
 
 def preflight_only() -> None:

@@ -468,17 +468,25 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
         )
     method = "cdi" if selection == "cdi" or (selection == "auto" and remedy == "cdi" and cdi_ok) else "gpus"
     exec_opts = None
-    at_risk = cgroup_version == 2 and cgroup_driver == "systemd" and method == "gpus"
+    # NVIDIA/nvidia-docker#1730: when systemd manages the container cgroups (Docker's systemd
+    # cgroup driver, the default on cgroup v2, possible on v1), devices granted by the legacy
+    # hook are dropped at every daemon-reload. Judge by the driver Docker has after this run.
+    explicit = data.get("docker_exec_opts")
+    driver = effective_cgroup_driver(explicit, cgroup_driver, cgroup_version)
+    at_risk = driver == "systemd" and method == "gpus"
+    trap = (f"cgroup v{cgroup_version or '?'} with Docker's systemd cgroup driver and the legacy --gpus hook "
+            "loses GPUs after every systemctl daemon-reload (NVML 'Unknown Error')")
+    if at_risk and explicit is not None:
+        raise PlanError(f"docker_exec_opts keeps the systemd cgroup driver, but {trap}; "
+                        "drop native.cgroupdriver=systemd from docker_exec_opts or use CDI (Docker >= 25)")
     if at_risk:
         if remedy == "none":
-            raise PlanError(
-                "cgroup v2 with Docker's systemd cgroup driver and the legacy --gpus hook loses GPUs "
-                "after every systemctl daemon-reload (NVML 'Unknown Error'); set nvml_remedy to cdi or cgroupfs"
-            )
+            raise PlanError(f"{trap}; set nvml_remedy to cdi or cgroupfs")
         exec_opts = ["native.cgroupdriver=cgroupfs"]
         warnings.append(
-            "CDI is not usable here, so nemofleet sets exec-opts native.cgroupdriver=cgroupfs to keep "
-            "GPUs across systemctl daemon-reload (NVML 'Unknown Error' trap)"
+            f"NVML 'Unknown Error' trap: {trap}, and CDI is not usable here (Docker {docker_version or '?'}"
+            f"{'' if cdi_available else ', no CDI spec'}); nemofleet sets exec-opts native.cgroupdriver=cgroupfs "
+            "and restarts Docker"
         )
 
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
@@ -493,6 +501,19 @@ def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | N
         gpu_method=method, mounts=mounts, downloads=downloads, env=env, bind_address=bind,
         served_name=model.served_name, warnings=warnings, docker_exec_opts=exec_opts,
     )
+
+
+def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int | None) -> str | None:
+    """The cgroup driver Docker runs with once daemon.json holds `exec_opts` (None: nemofleet
+    leaves exec-opts alone, so the current driver stays). Without a native.cgroupdriver entry,
+    Docker >= 20.10 picks systemd on cgroup v2 and cgroupfs on v1."""
+    if exec_opts is None:
+        return current
+    for opt in exec_opts if isinstance(exec_opts, list) else []:
+        key, _, value = str(opt).partition("=")
+        if key.strip() == "native.cgroupdriver":
+            return value.strip()
+    return "systemd" if cgroup_version == 2 else "cgroupfs"
 
 
 def _extra(raw) -> list[tuple[str, object]]:

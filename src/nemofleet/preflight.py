@@ -66,7 +66,8 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
     v = Verdict(plan=None)
     if not g["smi"]:
         v.refusals.append("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
-                          "driver (branch 570 or newer) and reboot")
+                          "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
+                          "nvidia_driver_branch")
         return v
     if g["rc"]:
         hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
@@ -128,10 +129,6 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
         v.refusals.append("Docker is installed but dockerd is not running; systemctl enable --now docker")
     elif vt(docker.get("server")) < MIN_DOCKER:
         v.refusals.append(f"Docker {docker['server']} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
-
-    if p.docker_exec_opts and docker.get("cgroup_driver") == "systemd":
-        v.warnings.append("NVML 'Unknown Error' trap (cgroup v2 + systemd cgroup driver + legacy hook): "
-                          "nemofleet will set exec-opts native.cgroupdriver=cgroupfs and restart Docker")
 
     free = facts.get("disk_free")
     if free is not None:

@@ -70,15 +70,20 @@ def frontend_networks(frontends: list[dict], inst: Instance, single: bool) -> li
     return nets
 
 
+def gpu_args(method: str, uuids: list[str]) -> list[str]:
+    """docker run arguments that give a container these GPUs: CDI device requests, or the
+    legacy --gpus hook (the quotes keep docker's CSV parser from splitting the list)."""
+    if method == "cdi":
+        return [f"--device=nvidia.com/gpu={u}" for u in uuids]
+    return ["--gpus", f'"device={",".join(uuids)}"']
+
+
 def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_after_create: bool,
               legacy_networks: bool) -> list[str]:
     w = ["--rm", f"--name={inst.name}"]
     if not connect_after_create:
         w.append("--pull=never")
-    if plan.gpu_method == "cdi":
-        w += [f"--device=nvidia.com/gpu={u}" for u in inst.gpu_uuids]
-    else:
-        w += ["--gpus", f'"device={",".join(inst.gpu_uuids)}"']
+    w += gpu_args(plan.gpu_method, inst.gpu_uuids)
     w += ["--ipc=host", "--shm-size=16g", "-p", f"{plan.bind_address}:{inst.host_port}:{CONTAINER_PORT}"]
     if nets:
         if legacy_networks:  # Docker < 25: one --network at create time, the rest connected after

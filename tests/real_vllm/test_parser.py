@@ -19,7 +19,7 @@ VERSION = os.environ.get("NEMOFLEET_VLLM_VERSION", "0.32.0")
 
 def cases():
     profiles = {h: [Gpu(**{k: g[k] for k in ("index", "uuid", "name", "memory_mib", "cc")}) for g in p["gpus"]]
-                for h, p in load_profiles().items() if not h.startswith("broken")}
+                for h, p in load_profiles().items() if not h.startswith("broken") and not p.get("optional")}
     profiles["b200-8"] = [Gpu(i, f"GPU-b{i}", "NVIDIA B200", 183359, "10.0") for i in range(8)]
     out = []
     for host, gpus in profiles.items():

@@ -70,7 +70,8 @@ def test_host_facts_real_h200_one_command_output():
     raw = lines("hostfacts.out")
     want = json.loads((H200 / "hostfacts.json").read_text())  # `pyinfra @local fact` a moment later
     want["disk_free"] = int(raw[raw.index("@@nemofleet-fact:disk_free") + 1])  # free space moved in between
-    want.setdefault("release", None)  # part added after the capture: a missing section reads as absent
+    for added in ("release", "gpu_access"):  # parts added after the capture: a missing section reads as absent
+        want.setdefault(added, None)
     assert fact == want
     assert fact["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and fact["cuda"] == "13.0"
     assert fact["docker"]["installed"] is False and fact["cgroup"] == 2
@@ -101,3 +102,49 @@ def test_os_release_release_and_models_on_disk():
     meta = ModelsOnDisk().process(['{"nvidia--X": {"total_size": 10, "complete": true}}'])
     assert meta["nvidia--X"]["total_size"] == 10
     assert ModelsOnDisk().process(["not json"]) == {}
+
+
+def test_apt_packages_fact_reads_versions_and_holds():
+    from nemofleet.operations.packages import AptPackages, dearmor, matches
+
+    out = AptPackages().process(["pkg nvidia-container-toolkit 1.18.0-1 hi", "pkg libnvidia-container1 1.18.0-1 ii",
+                                 "pkg nvidia-driver-580-server 580.95.05-0ubuntu1 rc", "held nvidia-container-toolkit"])
+    assert out["nvidia-container-toolkit"] == {"version": "1.18.0-1", "held": True}
+    assert out["libnvidia-container1"] == {"version": "1.18.0-1", "held": False}
+    assert out["nvidia-driver-580-server"]["version"] is None  # removed, config files left
+    assert matches("580.159.04-0ubuntu1", "580.*") and not matches("570.124.06-0ubuntu1", "580.*")
+    assert matches("1.18.0-1", "1.18.0-1") and not matches("1.18.1-1", "1.18.0-1")
+    import base64
+    blob = bytes(range(40))
+    armored = ("-----BEGIN PGP PUBLIC KEY BLOCK-----\nComment: x\n\n" + base64.b64encode(blob).decode()
+               + "\n=abcd\n-----END PGP PUBLIC KEY BLOCK-----\n").encode()
+    assert dearmor(armored) == blob and dearmor(blob) == blob
+
+
+def test_bootstrap_state_on_the_real_h200_driver_loaded_without_packages():
+    """Captured on the real H200 (device tool): the driver is the open kernel module 580.159.04,
+    loaded but not installed by dpkg; dpkg-query knows none of the packages (stderr, exit 1)."""
+    from nemofleet.bootstrap import BootstrapState
+
+    stdout = [ln for ln in lines("dpkg_query_driver.out") if not ln.startswith(("dpkg-query:", "rc "))]
+    loaded = (H200 / "sys_module_nvidia_version.out").read_text().strip()
+    out = BootstrapState().process(stdout + [f"loaded {loaded}"])
+    assert out["_driver"] == "580.159.04"
+    assert all(k == "_driver" for k in out)  # no package installed: versions unknown -> install
+    assert BootstrapState().process(["loaded none"])["_driver"] is None
+
+
+def test_daemon_json_without_final_newline_does_not_swallow_the_next_fact():
+    """Found on the testbed: python's json.dump writes no final newline; the next part's marker
+    ran onto the JSON line and the file read as malformed."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "daemon.json"
+        path.write_text('{"exec-opts": ["native.cgroupdriver=systemd"]}')  # no newline
+        fact = DaemonJson()
+        cmd = f"echo '@@m:a'; ( {fact.command(path=str(path))} ); echo '@@m:b'; echo tmpfs"
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True).stdout.splitlines()
+        part = out[1:out.index("@@m:b")]
+        assert fact.process(part)["data"] == {"exec-opts": ["native.cgroupdriver=systemd"]}

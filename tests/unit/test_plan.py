@@ -12,7 +12,7 @@ from nemofleet.testbed import load_profiles
 
 GOLDEN = Path(__file__).with_name("golden_plans.json")
 PROFILES = {h: [Gpu(**{k: g[k] for k in ("index", "uuid", "name", "memory_mib", "cc")}) for g in p["gpus"]]
-            for h, p in load_profiles().items() if not h.startswith("broken")}
+            for h, p in load_profiles().items() if not h.startswith("broken") and not p.get("optional")}
 B200 = [Gpu(i, f"GPU-b{i}", "NVIDIA B200", 183359, "10.0") for i in range(8)]
 
 

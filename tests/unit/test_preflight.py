@@ -72,3 +72,40 @@ def test_disk_too_small():
     f = ready()
     f["disk_free"] = 5 * 10**9
     assert any("not enough disk for the weights: 5.0 GB free" in s for s in preflight.check("h", f, DATA).refusals)
+
+
+def test_nvml_trap_judged_by_the_cgroup_driver_docker_will_have():
+    from nemofleet.plan import effective_cgroup_driver
+
+    assert effective_cgroup_driver(None, "systemd", 2) == "systemd"  # exec-opts left alone
+    assert effective_cgroup_driver(["native.cgroupdriver=cgroupfs"], "systemd", 2) == "cgroupfs"
+    assert effective_cgroup_driver([], "cgroupfs", 2) == "systemd"  # Docker's default on cgroup v2
+    assert effective_cgroup_driver([], "systemd", 1) == "cgroupfs"
+    # NVIDIA/nvidia-docker#1730: the systemd driver is the trap on cgroup v1 too
+    f = ready()
+    f.update(cgroup=1)
+    f["docker"].update(server="20.10.24", cgroup_version=1, cgroup_driver="systemd")
+    v = preflight.check("h", f, DATA)
+    assert v.ok and v.plan.docker_exec_opts == ["native.cgroupdriver=cgroupfs"]
+    # an explicit systemd driver cannot be remedied with cgroupfs: one sentence, no plan
+    f["docker"]["cgroup_driver"] = "cgroupfs"
+    v = preflight.check("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
+    assert any("docker_exec_opts keeps the systemd cgroup driver" in r for r in v.refusals), v.refusals
+    # ... unless the GPUs come through CDI, which the trap does not touch
+    f["docker"]["server"] = "29.1.3"
+    f["toolkit"]["cdi_specs"] = ["/var/run/cdi/nvidia.yaml"]
+    v = preflight.check("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
+    assert v.ok and v.plan.gpu_method == "cdi"
+
+
+def test_gpu_probe_script_reloads_between_two_nvidia_smi_and_records_only_on_success():
+    from nemofleet import render
+    from nemofleet.operations.gpu_access import STATE, probe_script
+
+    script = probe_script("vllm/vllm-openai:v0.27.1", render.gpu_args("gpus", ["GPU-1"]), '{"m": 1}', "HINT")
+    lines = script.splitlines()
+    reload_at = lines.index("systemctl daemon-reload")
+    assert "nvidia-smi -L" in lines[reload_at - 1] and "nvidia-smi -L" in lines[reload_at + 1]
+    assert "HINT" in lines[reload_at + 1] and "--gpus '\"device=GPU-1\"'" in script
+    assert lines[-1].endswith(f"> {STATE}")  # written last: a failed probe is probed again next run
+    assert render.gpu_args("cdi", ["GPU-1", "GPU-2"]) == ["--device=nvidia.com/gpu=GPU-1", "--device=nvidia.com/gpu=GPU-2"]

@@ -52,7 +52,9 @@ class DaemonJson(FactBase):
 
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
         q = shlex.quote(path)
-        return f"if [ -f {q} ]; then cat {q}; else echo '{ABSENT}'; fi"
+        # `; echo`: a file without a final newline (json.dump, echo -n) must not run into the
+        # next part of HostFacts' one combined command
+        return f"if [ -f {q} ]; then cat {q}; echo; else echo '{ABSENT}'; fi"
 
     def default(self):
         return {"exists": True, "text": "", "data": None, "error": "daemon.json is empty"}

@@ -64,6 +64,15 @@ class Release(FactBase):
         return out or None
 
 
+class GpuAccessRecord(FactBase):
+    """The signature of the GPU access setup that last passed the daemon-reload probe, or None."""
+
+    command = "cat /var/lib/nemofleet/gpu-access 2>/dev/null || true"
+
+    def process(self, output):
+        return "\n".join(output).strip() or None
+
+
 class HostFacts(FactBase):
     """Everything preflight and the serving plan need, in one remote command.
 
@@ -83,6 +92,7 @@ class HostFacts(FactBase):
         "models": (ModelsOnDisk, {"root": "models_root"}),
         "image": (ImageInfo, {"ref": "image"}),
         "release": (Release, {}),
+        "gpu_access": (GpuAccessRecord, {}),
     }
     MARK = "@@nemofleet-fact:"
 

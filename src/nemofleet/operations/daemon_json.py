@@ -92,8 +92,9 @@ def render(data: dict) -> str:
 
 
 @operation(is_idempotent=True)
-def configured(desired: dict, path: str = "/etc/docker/daemon.json"):
-    """Merge `desired` into daemon.json; reload Docker for reloadable keys, restart otherwise."""
+def configured(desired: dict, path: str = "/etc/docker/daemon.json", changed: set | None = None):
+    """Merge `desired` into daemon.json; reload Docker for reloadable keys, restart otherwise.
+    The keys that changed are added to `changed` (read later by the GPU access probe)."""
     try:
         validate_settings(desired)
     except DaemonJsonError as exc:
@@ -109,6 +110,8 @@ def configured(desired: dict, path: str = "/etc/docker/daemon.json"):
         host.noop(f"{path} already holds nemofleet's keys")
         return
     restart = needs_restart(current["data"], merged)
+    if changed is not None:
+        changed.update(k for k in set(merged) | set(current["data"]) if merged.get(k) != current["data"].get(k))
     action = "restart" if restart else "reload"
     text = render(merged)
     if state.config.DIFF:

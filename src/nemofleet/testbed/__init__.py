@@ -19,13 +19,16 @@ from pathlib import Path
 
 import yaml
 
-from . import images, tinymodel
+from . import aptrepo, images, tinymodel
 
 PREFIX = os.environ.get("NEMOFLEET_TESTBED_NAME", "nf-tb") + "-"
 NETWORK = f"{PREFIX}net"
 MIRROR = f"{PREFIX}hf-mirror"
 MIRROR_ALIAS = "hf-mirror"
 MIRROR_PORT = 8090
+PKG_MIRROR = f"{PREFIX}pkg-mirror"
+PKG_MIRROR_ALIAS = "pkg-mirror"
+PKG_MIRROR_PORT = 8091
 LABEL = "nemofleet.testbed=1"
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 MODEL_REPO = "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
@@ -40,6 +43,9 @@ RUN_FLAGS = [
     "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
     "--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
     "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
+    # `systemctl reboot` ends the container's systemd; Docker starts it again: a real reboot
+    # (fresh /run, same disks), which nemofleet's driver install relies on
+    "--restart", "unless-stopped",
 ]
 
 
@@ -112,6 +118,10 @@ def build(state: dict) -> dict:
         archives[ref] = str(images.save_as(standin_tag, ref, testbed_dir() / "images" / fname, env))
     repos = testbed_dir() / "hf" / "repos"
     revision = tinymodel.build(str(repos), MODEL_REPO)
+    apt = aptrepo.build(testbed_dir() / "apt")
+    base = f"http://{PKG_MIRROR_ALIAS}:{PKG_MIRROR_PORT}"
+    state.update(apt_key_file=apt["key_file"], apt_repo_url=f"{base}/stable/deb/$(ARCH)",
+                 apt_driver_repo_url=f"{base}/cuda/deb/$(ARCH)")
     state.update(host_image=host_tag, standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
                  model_revision=revision, build_seconds=round(time.time() - t0, 1))
     return state
@@ -128,6 +138,16 @@ def start_mirror(state: dict) -> None:
            "--network-alias", MIRROR_ALIAS, "-v", f"{hf}:/srv/hf", "-v", f"{src}:/opt/hfmirror.py:ro",
            state["host_image"], "python3", "/opt/hfmirror.py", "--root", "/srv/hf/repos",
            "--port", str(MIRROR_PORT), "--log", "/srv/hf/requests.log")
+
+
+def start_pkg_mirror(state: dict) -> None:
+    """The simulated NVIDIA apt repository (signed, flat), as a package mirror would serve it."""
+    if docker("inspect", PKG_MIRROR, check=False).returncode == 0:
+        docker("start", PKG_MIRROR, check=False)
+        return
+    docker("run", "-d", "--name", PKG_MIRROR, "--label", LABEL, "--network", NETWORK,
+           "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
+           state["host_image"], "python3", "-m", "http.server", str(PKG_MIRROR_PORT), "--directory", "/srv/repo")
 
 
 def stop_mirror() -> None:
@@ -161,6 +181,12 @@ def create_host(host: str, spec: dict, port: int, state: dict, forget_key: bool 
     simdir.mkdir(parents=True, exist_ok=True)
     (simdir / "profile.json").write_text(json.dumps({k: v for k, v in spec.items() if k != "group"}, indent=2))
     docker("cp", str(simdir), f"{name}:/etc/")
+    if spec.get("daemon_json"):
+        # the host's Docker as its OS installs it (e.g. the systemd cgroup driver of Ubuntu 22.04+)
+        dj = tmp / host / "docker"
+        dj.mkdir(parents=True, exist_ok=True)
+        (dj / "daemon.json").write_text(json.dumps(spec["daemon_json"], indent=2) + "\n")
+        docker("cp", str(dj), f"{name}:/etc/")
     pub = tmp / "authorized_keys"
     shutil.copy(str(ensure_key()) + ".pub", pub)
     pub.chmod(0o600)
@@ -227,22 +253,23 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
     ensure_key()
     ensure_network()
     start_mirror(state)
+    start_pkg_mirror(state)
     base = int(os.environ.get("NEMOFLEET_TESTBED_PORT_BASE", "22201"))
     hosts = state.get("hosts", {})
     for i, (host, spec) in enumerate(profiles.items()):
-        if only and host not in only:
-            continue
+        if (only and host not in only) or (not only and spec.get("optional") and host not in hosts):
+            continue  # optional hosts (e.g. bare-1) join only when named
         port = hosts.get(host, {}).get("port", base + i)
         if docker("inspect", container(host), check=False).returncode != 0:
             log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
             create_host(host, spec, port, state)
         else:
             docker("start", container(host), check=False)
-        hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"])}
+        hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {}}
     state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
                  mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
     write_state(state)
-    waiting = [host for host in hosts if not only or host in only]
+    waiting = [host for host in hosts if (not only or host in only) and host in profiles]
     for host in waiting:  # they boot in parallel; allow for a large fleet on a small machine
         wait_ssh(host, hosts[host]["port"], timeout=max(120, 15 * len(waiting)))
     log(f"testbed up: {', '.join(hosts)} (state in {state_path()})")
@@ -260,11 +287,21 @@ def recreate(host: str) -> dict:
     return state
 
 
+def remove(host: str) -> None:
+    """Take one host (e.g. the optional bare-1) out of the testbed."""
+    state = read_state()
+    destroy_host(host)
+    port = state.get("hosts", {}).pop(host, {}).get("port")
+    if port:
+        forget_host_key(port)
+    write_state(state)
+
+
 def down() -> None:
     state = read_state()
     for host in state.get("hosts", {}):
         destroy_host(host)
-    docker("rm", "-f", MIRROR, check=False)
+    docker("rm", "-f", MIRROR, PKG_MIRROR, check=False)
     docker("network", "rm", NETWORK, check=False)
     (testbed_dir() / "known_hosts").unlink(missing_ok=True)
     state.pop("hosts", None)

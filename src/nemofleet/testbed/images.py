@@ -148,6 +148,9 @@ def host_image() -> str:
             shutil.copy(f, dst)
         _write(root, "etc/systemd/system/nemofleet-hostkeys.service", HOSTKEYS_UNIT)
         _write(root, "etc/systemd/system/nemofleet-sim.service", SIM_UNIT)
+        gen = root / "etc/systemd/system-generators/nemofleet-sim-nvml-trap"
+        gen.parent.mkdir(parents=True, exist_ok=True)
+        gen.symlink_to("/opt/nemofleet-sim/nemofleet-sim-nvml-trap")  # runs at every daemon-reload
         _write(root, "etc/ssh/sshd_config.d/nemofleet.conf",
                "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUseDNS no\n")
         for key in root.glob("etc/ssh/ssh_host_*"):

@@ -1,0 +1,119 @@
+"""Hosts from nothing: opt-in installs of the NVIDIA driver and the NVIDIA Container Toolkit
+from apt repositories, pinned and held, before preflight (reference §3.1).
+
+Check-only is the default. The driver install reboots the host only when it changed something
+or the loaded driver is not the pinned branch; the caller then runs preflight again on facts
+read after the reboot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pyinfra import host
+
+from .operations import packages, preflight, reboot
+
+TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                    "libnvidia-container1"]
+TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+# old lists that make apt fail with "Conflicting values set for option Signed-By" (reference §3.1)
+TOOLKIT_OLD_LISTS = [f"/etc/apt/sources.list.d/{n}.list" for n in ("nvidia-docker", "libnvidia-container",
+                                                                    "nvidia-container-runtime")]
+DRIVER_KEYRING = "/usr/share/keyrings/nemofleet-nvidia-driver.gpg"
+DRIVER_LIST = "/etc/apt/sources.list.d/nemofleet-nvidia-driver.list"
+
+
+class BootstrapState(packages.AptPackages):
+    """AptPackages plus the driver that is loaded ("loaded <version>"): the kernel module's own
+    version (right even when nvidia-smi fails with a driver/library mismatch after an upgrade),
+    else what nvidia-smi reports."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        return (super().command(names) + "; v=$(cat /sys/module/nvidia/version 2>/dev/null || "
+                "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); "
+                "echo \"loaded ${v:-none}\"")
+
+    def process(self, output):
+        out = super().process([line for line in output if not line.startswith("loaded ")])
+        loaded = [line.split() for line in output if line.startswith("loaded ")]
+        out["_driver"] = loaded[0][1] if loaded and len(loaded[0]) > 1 and loaded[0][1] != "none" else None
+        return out
+
+
+def _source(s: dict, prefix: str, repo: str | None, keyring: str, list_path: str) -> tuple[dict | None, str | None]:
+    """The apt source of a repository: (source, refusal)."""
+    if not repo:
+        return None, None
+    key_file = s.get(f"{prefix}_key_file")
+    if not key_file:
+        return None, (f"{prefix}_key_file is not set: give the repository's signing key (a file on the "
+                      "controller, e.g. from https://nvidia.github.io/libnvidia-container/gpgkey)")
+    try:
+        key = packages.dearmor(open(os.path.expanduser(key_file), "rb").read())
+    except OSError as exc:
+        return None, f"{prefix}_key_file {key_file} cannot be read on the controller ({exc.strerror})"
+    if not re.match(r"^https?://\S+$", repo):
+        return None, f"{prefix}_repo {repo!r} must be an http(s):// URL"
+    return {"list": list_path, "keyring": keyring, "key": key,
+            "line": f"deb [signed-by={keyring}] {repo} /"}, None
+
+
+def driver_packages(s: dict) -> tuple[list[str], str]:
+    branch = str(s.get("nvidia_driver_branch") or "")
+    names = s.get("nvidia_driver_packages") or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
+    return [n.format(branch=branch) for n in names], branch
+
+
+def install(s: dict) -> bool | None:
+    """Opt-in installs before preflight: the NVIDIA driver (pinned branch, held, reboot only
+    when it changed) and the container toolkit (pinned version, held). Returns True when the
+    rest of the deploy must wait for them (then it runs at execution time, on fresh facts),
+    None when the settings were refused (the host is failed)."""
+    want_driver, want_toolkit = bool(s.get("install_nvidia_driver")), bool(s.get("install_container_toolkit"))
+    if not (want_driver or want_toolkit):
+        return False
+    refusals: list[str] = []
+    drv_pkgs, branch = driver_packages(s)
+    if want_driver and not re.match(r"^\d{3}$", branch):
+        refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s.get('nvidia_driver_branch')!r})")
+    drv_source, why = _source(s, "nvidia_driver", s.get("nvidia_driver_repo"), DRIVER_KEYRING, DRIVER_LIST)
+    if want_driver and why:
+        refusals.append(why)
+    tk_version = s.get("container_toolkit_version")
+    tk_source, why = _source(s, "container_toolkit", s.get("container_toolkit_repo", TOOLKIT_REPO), TOOLKIT_KEYRING,
+                             TOOLKIT_LIST)
+    if want_toolkit:
+        refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
+    if want_driver and want_toolkit and drv_source and tk_source and drv_source["line"].split("] ")[1] == \
+            tk_source["line"].split("] ")[1]:
+        refusals.append("nvidia_driver_repo and container_toolkit_repo are the same URL, and apt refuses one "
+                        "source with two keyrings; serve the driver repository under its own URL")
+    if refusals:
+        preflight.verdict(name="Preflight: can nemofleet install the NVIDIA packages?", refusals=refusals)
+        return None
+    names = (drv_pkgs if want_driver else []) + (TOOLKIT_PACKAGES if want_toolkit else [])
+    have = host.get_fact(BootstrapState, names=tuple(names))
+    pending = any(not packages.matches((have.get(n) or {}).get("version"),
+                                       f"{branch}.*" if n in drv_pkgs else tk_version)
+                  or not (have.get(n) or {}).get("held") for n in names)
+    loaded_ok = bool(have["_driver"]) and have["_driver"].startswith(f"{branch}.")
+    if want_driver:
+        installed: set = set()
+        packages.pinned(name=f"NVIDIA driver {branch} (pinned, held)", packages=drv_pkgs, version=f"{branch}.*",
+                        pin_file="/etc/apt/preferences.d/nemofleet-nvidia-driver", label=f"NVIDIA driver {branch}",
+                        source=drv_source, changed=installed)
+        reboot.reboot_and_wait(name=f"Reboot into NVIDIA driver {branch}",
+                               why=f"NVIDIA driver {branch} was installed and is not loaded yet",
+                               _if=lambda: bool(installed) or not loaded_ok)
+        pending = pending or not loaded_ok
+    if want_toolkit:
+        packages.pinned(name=f"NVIDIA Container Toolkit {tk_version} (pinned, held)", packages=TOOLKIT_PACKAGES,
+                        version=tk_version, pin_file="/etc/apt/preferences.d/nvidia-container-toolkit",
+                        label="NVIDIA Container Toolkit", source=tk_source, conflicting=TOOLKIT_OLD_LISTS,
+                        # Docker finds the toolkit's hook (--gpus) only when it starts
+                        after_install="if systemctl is-active -q docker; then systemctl restart docker; fi")
+    return pending

@@ -1,0 +1,130 @@
+"""Pinned apt packages from a signed repository: the NVIDIA Container Toolkit and the driver.
+
+One operation owns a repository's keyring, its source list and an apt pin, installs the
+packages at the pinned version and holds them (reference §3.1). A host that already has
+them at that version, held, with the same files, changes nothing and costs two reads.
+`apt-get update` refreshes only this repository's list (no other source is contacted).
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import hashlib
+import io
+import posixpath
+import shlex
+
+from pyinfra import host
+from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
+
+from .files import FilesDigest
+
+
+class AptPackages(FactBase):
+    """{name: {"version": str or None, "held": bool}} for each package name."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        q = " ".join(shlex.quote(n) for n in names)
+        return (f"dpkg-query -W -f='pkg ${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' {q} 2>/dev/null; "
+                f"apt-mark showhold {q} 2>/dev/null | sed 's/^/held /'; true")
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        out: dict = {}
+        for line in output:
+            parts = line.split()
+            if parts[:1] == ["pkg"] and len(parts) >= 4:
+                installed = parts[3][1:2] == "i"  # "ii" installed, "hi" installed and held
+                out.setdefault(parts[1], {"held": False})["version"] = parts[2] if installed else None
+            elif parts[:1] == ["held"] and len(parts) == 2:
+                out.setdefault(parts[1], {"version": None})["held"] = True
+        return out
+
+
+def dearmor(key: bytes) -> bytes:
+    """An ASCII-armored OpenPGP key as the binary keyring apt's signed-by= reads (.gpg)."""
+    text = key.decode("ascii", "replace")
+    if "-----BEGIN PGP PUBLIC KEY BLOCK-----" not in text:
+        return key
+    body = text.split("-----BEGIN PGP PUBLIC KEY BLOCK-----", 1)[1].split("-----END PGP PUBLIC KEY BLOCK-----", 1)[0]
+    lines = body.strip().splitlines()
+    while lines and ":" in lines[0]:  # armor headers (Version:, Comment:)
+        lines.pop(0)
+    data = [line.strip() for line in lines if line.strip() and not line.startswith("=")]
+    return base64.b64decode("".join(data))
+
+
+def matches(installed: str | None, version: str) -> bool:
+    """'1.18.0-1' matches exactly; a glob such as '580.*' matches a driver branch."""
+    return installed is not None and fnmatch.fnmatchcase(installed, version)
+
+
+def pin_text(packages: list[str], version: str, why: str) -> str:
+    return (f"# Managed by nemofleet: {why}\nPackage: {' '.join(packages)}\n"
+            f"Pin: version {version}\nPin-Priority: 1001\n")
+
+
+@operation(is_idempotent=True)
+def pinned(packages: list[str], version: str, pin_file: str, label: str, source: dict | None = None,
+           conflicting: list[str] | None = None, after_install: str | None = None, changed: set | None = None):
+    """`packages` installed at `version` (exact, or a glob like '580.*'), pinned and held.
+
+    source: {"list": path, "line": "deb [signed-by=KEYRING] URL /", "keyring": path, "key": bytes}
+    (None: the host's own apt sources). conflicting: old source lists that make apt fail
+    ("Conflicting values set for option Signed-By"), removed. after_install runs only when
+    packages were installed or changed; `changed` gets `label` then.
+    """
+    files: dict[str, bytes] = {pin_file: pin_text(packages, version, f"pin {label} to {version}").encode()}
+    if source:
+        files[source["keyring"]] = source["key"]
+        files[source["list"]] = (f"# Managed by nemofleet: {label}\n{source['line']}\n").encode()
+    watched = tuple(sorted(set(files) | set(conflicting or [])))
+    current = host.get_fact(FilesDigest, paths=watched)
+    stale = [p for p, data in sorted(files.items())
+             if current.get(p) != ("644", hashlib.sha256(data).hexdigest())]
+    gone = [p for p in sorted(conflicting or []) if current.get(p) is not None]
+    have = host.get_fact(AptPackages, names=tuple(packages))
+    wrong = [p for p in packages if not matches((have.get(p) or {}).get("version"), version)]
+    unheld = [p for p in packages if not (have.get(p) or {}).get("held")]
+    if not (stale or gone or wrong or unheld):
+        host.noop(f"{label} {version} is installed and held")
+        return
+    if gone:
+        yield StringCommand("rm", "-f", *gone)
+    for path in stale:
+        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
+        yield StringCommand("mkdir", "-p", posixpath.dirname(path))
+        yield FileUploadCommand(io.BytesIO(files[path]), tmp, remote_temp_filename=tmp)
+        yield StringCommand("chmod", "0644", tmp, "&&", "mv", "-f", tmp, path)
+    if wrong or (stale and source and source["list"] in stale):
+        if changed is not None:
+            changed.add(label)
+        q = shlex.quote
+        update = "apt-get update -q"
+        if source:  # only this repository: no other source is contacted, and it is fast
+            update += (f" -o Dir::Etc::sourcelist={q(source['list'])} -o Dir::Etc::sourceparts=-"
+                       " -o APT::Get::List-Cleanup=0")
+        exact = not any(c in version for c in "*?[")
+        names = " ".join(q(f"{p}={version}" if exact else p) for p in packages)
+        where = source["line"].split("]")[-1].strip() if source else "the host's apt sources"
+        yield StringCommand("sh", "-c", q(
+            "export DEBIAN_FRONTEND=noninteractive; "
+            f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; "
+            f"echo 'apt-get update failed for {label} ({where}); nothing was installed' >&2; exit 1; }}; "
+            "out=$(apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+            f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {names} 2>&1) || "
+            f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
+            f"echo 'apt could not install {label} {version} from {where}' >&2; exit 1; }}"))
+        if after_install:
+            yield StringCommand("sh", "-c", q(after_install))
+    yield StringCommand("apt-mark", "hold", *packages, ">/dev/null")
+
+
+def check_pin(setting: str, value) -> str | None:
+    """A refusal sentence for a pinned version setting that is missing or malformed."""
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+        return f"{setting} must be a pinned package version such as '1.18.0-1' (got {value!r})"
+    return None
