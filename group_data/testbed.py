@@ -31,3 +31,18 @@ container_toolkit_version = "1.18.0-1"
 nvidia_driver_repo = _s.get("apt_driver_repo_url")
 nvidia_driver_key_file = _s.get("apt_key_file")
 
+# `make test-real-vllm`: the real vLLM server (CPU build) and a tiny Llama through the same
+# mirror -> weights -> unit path (tests/real_vllm/test_server.py records them in the state)
+_real = _s.get("real_vllm")
+if _real:
+    model = _real["model"]
+    vllm_image = _real["image"]
+    vllm_image_archives = {**vllm_image_archives, _real["image"]: _real["archive"]}
+    max_model_len = 512
+    gpu_memory_utilization = 0.25  # on the CPU build: a fraction of host RAM
+    max_num_seqs = 4
+    max_num_batched_tokens = 2048
+    ready_timeout = 900  # the CPU build needs about 100 s to start here
+    # the CPU build compiles the model with torch inductor, which needs a C++ compiler that this
+    # image does not carry (and minutes on 2 cores): run it eagerly, as vLLM's own CPU CI does
+    vllm_extra_args = {"--enforce-eager": True}

@@ -46,6 +46,9 @@ RUN_FLAGS = [
     # `systemctl reboot` ends the container's systemd; Docker starts it again: a real reboot
     # (fresh /run, same disks), which nemofleet's driver install relies on
     "--restart", "unless-stopped",
+    # a host's /dev/shm (vLLM units run with --ipc=host, which makes --shm-size moot): Docker's
+    # 64 MiB default stops the real vLLM engine ("Insufficient space in /dev/shm")
+    "--shm-size", "2g",
 ]
 
 

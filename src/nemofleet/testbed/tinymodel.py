@@ -55,6 +55,11 @@ def build(dest: str, repo_id: str, shards: int = 2, shard_bytes: int = 256 * 102
     files["generation_config.json"] = json.dumps({"temperature": 1.0, "top_p": 0.95}).encode()
     for name, text in (extra_files or {}).items():
         files[name] = text.encode()
+    return publish(dest, repo_id, files)
+
+
+def publish(dest: str, repo_id: str, files: dict[str, bytes]) -> str:
+    """Write files as a commit of repo_id under dest/<repo_id>/<sha>/, make it main; return the sha."""
     digest = hashlib.sha1()
     for name in sorted(files):
         digest.update(name.encode() + hashlib.sha1(files[name]).digest())
