@@ -85,7 +85,9 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
     try:
         p = planner.make_plan(
             host, planner.gpus_from_facts(g["gpus"]), data,
-            docker_version=docker.get("server"), cdi_available=bool(tk.get("cdi_specs")),
+            # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+            docker_version=docker.get("server"),
+            cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
             cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
             local_meta=_local_meta(facts, data),
         )

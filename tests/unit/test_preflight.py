@@ -109,3 +109,11 @@ def test_gpu_probe_script_reloads_between_two_nvidia_smi_and_records_only_on_suc
     assert "HINT" in lines[reload_at + 1] and "--gpus '\"device=GPU-1\"'" in script
     assert lines[-1].endswith(f"> {STATE}")  # written last: a failed probe is probed again next run
     assert render.gpu_args("cdi", ["GPU-1", "GPU-2"]) == ["--device=nvidia.com/gpu=GPU-1", "--device=nvidia.com/gpu=GPU-2"]
+
+
+def test_cdi_chosen_when_docker_has_it_and_the_toolkit_can_generate_the_spec():
+    f = ready()  # Docker 29, toolkit 1.18.0, no spec yet: the host configuration generates it
+    assert not f["toolkit"].get("cdi_specs")
+    assert preflight.check("h", f, DATA).plan.gpu_method == "cdi"
+    f["toolkit"]["version"] = None  # the hook alone (no nvidia-ctk) cannot generate one
+    assert preflight.check("h", f, DATA).plan.gpu_method == "gpus"

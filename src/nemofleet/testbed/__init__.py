@@ -110,10 +110,12 @@ def ensure_network() -> None:
         docker("network", "create", "--label", LABEL, NETWORK)
 
 
-def build(state: dict) -> dict:
+def build(state: dict, profiles: dict | None = None) -> dict:
     """Images, archives and the mirror's model repo; cached by content."""
     t0 = time.time()
     host_tag = images.host_image()
+    suites = {spec.get("suite", images.SUITE) for spec in (profiles or {}).values()}
+    host_images = {suite: host_tag if suite == images.SUITE else images.host_image(suite) for suite in sorted(suites)}
     standin_tag = images.standin_image()
     archives = {}
     for ref, env in RELEASES.items():
@@ -125,7 +127,7 @@ def build(state: dict) -> dict:
     base = f"http://{PKG_MIRROR_ALIAS}:{PKG_MIRROR_PORT}"
     state.update(apt_key_file=apt["key_file"], apt_repo_url=f"{base}/stable/deb/$(ARCH)",
                  apt_driver_repo_url=f"{base}/cuda/deb/$(ARCH)")
-    state.update(host_image=host_tag, standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
+    state.update(host_image=host_tag, host_images={**state.get("host_images", {}), **host_images}, standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
                  model_revision=revision, build_seconds=round(time.time() - t0, 1))
     return state
 
@@ -177,7 +179,7 @@ def create_host(host: str, spec: dict, port: int, state: dict, forget_key: bool 
     docker("volume", "create", "--label", LABEL, vol)
     docker("create", "--name", name, "--hostname", host, "--label", LABEL, *RUN_FLAGS,
            "-v", f"{vol}:/var/lib/docker", "--network", NETWORK, "-p", f"127.0.0.1:{port}:22",
-           state["host_image"])
+           state.get("host_images", {}).get(spec.get("suite", images.SUITE), state["host_image"]))
     tmp = testbed_dir() / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     simdir = tmp / host / "nemofleet-sim"
@@ -252,7 +254,9 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
     ensure_secrets()
     raise_inotify_limit()
     state = read_state()
-    state = build(state)
+    wanted = {h: p for h, p in profiles.items()
+              if (only and h in only) or (not only and (not p.get("optional") or h in state.get("hosts", {})))}
+    state = build(state, wanted)
     ensure_key()
     ensure_network()
     start_mirror(state)

@@ -71,10 +71,10 @@ def image_exists(tag: str) -> bool:
     return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
 
 
-def debootstrap(dest: Path, packages: list[str]) -> None:
+def debootstrap(dest: Path, packages: list[str], suite: str = SUITE) -> None:
     mirror = os.environ.get("NEMOFLEET_DEBIAN_MIRROR") or debian_mirror()
-    log(f"debootstrap {SUITE} ({len(packages)} packages) into {dest}")
-    run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(dest), mirror],
+    log(f"debootstrap {suite} ({len(packages)} packages) into {dest}")
+    run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(dest), mirror],
         stdout=subprocess.DEVNULL)
 
 
@@ -134,14 +134,25 @@ WantedBy=multi-user.target
 """
 
 
-def host_image() -> str:
+# Debian 13 carries Docker 26 (CDI, several --network flags per run), Debian 12 Docker 20.10.
+SUITE_PACKAGES = {"bookworm": [], "trixie": ["docker-cli"]}
+# systemd 257 boots on a cgroup v1 machine (like this one) only when told to; harmless on v2
+SUITE_INIT = {"bookworm": ["/sbin/init"], "trixie": ["/sbin/init", "SYSTEMD_CGROUP_ENABLE_LEGACY_FORCE=1"]}
+# Docker 26 cannot switch IPv6 off inside a nested container's network namespace here
+DOCKER_DROPIN = "[Service]\nEnvironment=DOCKER_ALLOW_IPV6_ON_IPV4_INTERFACE=1\n"
+
+
+def host_image(suite: str = SUITE) -> str:
     sim = HERE / "sim"
-    tag = f"nemofleet/testbed-host:{_hash(SUITE, HOST_PACKAGES, sim, HOSTKEYS_UNIT, SIM_UNIT, Path(__file__))}"
+    packages = HOST_PACKAGES + SUITE_PACKAGES[suite]
+    tag = f"nemofleet/testbed-host:{_hash(suite, packages, sim, HOSTKEYS_UNIT, SIM_UNIT, Path(__file__))}"
     if image_exists(tag):
         return tag
     with tempfile.TemporaryDirectory(prefix="nf-host-", dir=os.environ.get("NEMOFLEET_BUILD_DIR")) as tmp:
         root = Path(tmp) / "rootfs"
-        debootstrap(root, HOST_PACKAGES)
+        debootstrap(root, packages, suite)
+        if suite != "bookworm":
+            _write(root, "etc/systemd/system/docker.service.d/nemofleet-testbed.conf", DOCKER_DROPIN)
         for f in sim.iterdir():
             dst = root / "opt/nemofleet-sim" / f.name
             dst.parent.mkdir(parents=True, exist_ok=True)
@@ -168,7 +179,7 @@ def host_image() -> str:
              "ssh.service", "cron.service", "docker.service"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         prune(root)
         log(f"importing {tag}")
-        docker_import(root, tag, ['CMD ["/sbin/init"]', "ENV container=docker"])
+        docker_import(root, tag, [f"CMD {json.dumps(SUITE_INIT[suite])}", "ENV container=docker"])
     return tag
 
 

@@ -29,8 +29,8 @@ def fail(msg, code=1):
 
 
 def check_gpus(tp):
-    vis = "/etc/nemofleet-sim/visible"
-    if not os.path.exists(vis):
+    # GPUs granted by the toolkit's legacy hook, or injected as CDI devices
+    if not (os.path.exists("/etc/nemofleet-sim/visible") or os.path.exists("/run/nemofleet-sim/cdi")):
         fail("RuntimeError: Failed to infer device type: no CUDA GPUs are available "
              "(was the container started with --gpus or a CDI device?)")
     r = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True)
