@@ -93,3 +93,14 @@ def mirror_log() -> list[str]:
 
 def clear_mirror_log() -> None:
     (testbed.testbed_dir() / "hf" / "requests.log").write_text("")
+
+
+def optional_host(name: str):
+    """A module-scoped fixture: the optional test host `name` (bare-1, cdi-1) is up for the
+    module's tests and removed after them."""
+    @pytest.fixture(scope="module")
+    def host_up(bed):
+        testbed.up(only=[name])
+        yield name
+        testbed.remove(name)
+    return host_up

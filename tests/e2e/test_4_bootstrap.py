@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import on, pyinfra
+from conftest import on, optional_host, pyinfra
 
 pytestmark = pytest.mark.e2e
 HOST = "bare-1"
@@ -15,13 +15,7 @@ TOOLKIT = ["libnvidia-container-tools", "libnvidia-container1", "nvidia-containe
            "nvidia-container-toolkit-base"]
 
 
-@pytest.fixture(scope="module")
-def bare(bed):
-    from nemofleet import testbed
-
-    testbed.up(only=[HOST])
-    yield HOST
-    testbed.remove(HOST)
+bare = optional_host(HOST)
 
 
 def test_bad_install_settings_refused_before_anything_changes(bare):

@@ -5,20 +5,14 @@ import json
 
 import pytest
 
-from conftest import on, pyinfra
+from conftest import on, optional_host, pyinfra
 
 pytestmark = pytest.mark.e2e
 HOST = "cdi-1"
 UUID = "GPU-cd1c0de0-0000-4000-8000-000000000001"
 
 
-@pytest.fixture(scope="module")
-def cdi(bed):
-    from nemofleet import testbed
-
-    testbed.up(only=[HOST])
-    yield HOST
-    testbed.remove(HOST)
+cdi = optional_host(HOST)
 
 
 def test_cdi_host_converges_with_cdi_devices_and_keeps_gpus_across_daemon_reload(cdi):
