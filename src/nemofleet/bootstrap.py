@@ -80,16 +80,16 @@ def install(s: dict) -> bool | None:
     drv_pkgs, branch = driver_packages(s)
     if want_driver and not re.match(r"^\d{3}$", branch):
         refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s.get('nvidia_driver_branch')!r})")
-    drv_source, why = _source(s, "nvidia_driver", s.get("nvidia_driver_repo"), DRIVER_KEYRING, DRIVER_LIST)
-    if want_driver and why:
-        refusals.append(why)
+    drv_source = tk_source = None
+    if want_driver:
+        drv_source, why = _source(s, "nvidia_driver", s.get("nvidia_driver_repo"), DRIVER_KEYRING, DRIVER_LIST)
+        refusals += [why] if why else []
     tk_version = s.get("container_toolkit_version")
-    tk_source, why = _source(s, "container_toolkit", s.get("container_toolkit_repo", TOOLKIT_REPO), TOOLKIT_KEYRING,
-                             TOOLKIT_LIST)
     if want_toolkit:
+        tk_source, why = _source(s, "container_toolkit", s.get("container_toolkit_repo", TOOLKIT_REPO),
+                                 TOOLKIT_KEYRING, TOOLKIT_LIST)
         refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
-    if want_driver and want_toolkit and drv_source and tk_source and drv_source["line"].split("] ")[1] == \
-            tk_source["line"].split("] ")[1]:
+    if drv_source and tk_source and drv_source["line"].split("] ")[1] == tk_source["line"].split("] ")[1]:
         refusals.append("nvidia_driver_repo and container_toolkit_repo are the same URL, and apt refuses one "
                         "source with two keyrings; serve the driver repository under its own URL")
     if refusals:
@@ -97,9 +97,8 @@ def install(s: dict) -> bool | None:
         return None
     names = (drv_pkgs if want_driver else []) + (TOOLKIT_PACKAGES if want_toolkit else [])
     have = host.get_fact(BootstrapState, names=tuple(names))
-    pending = any(not packages.matches((have.get(n) or {}).get("version"),
-                                       f"{branch}.*" if n in drv_pkgs else tk_version)
-                  or not (have.get(n) or {}).get("held") for n in names)
+    pending = bool((want_driver and packages.unmet(have, drv_pkgs, f"{branch}.*"))
+                   or (want_toolkit and packages.unmet(have, TOOLKIT_PACKAGES, tk_version)))
     loaded_ok = bool(have["_driver"]) and have["_driver"].startswith(f"{branch}.")
     if want_driver:
         installed: set = set()

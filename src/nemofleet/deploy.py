@@ -296,12 +296,12 @@ def converge() -> None:
 
 def gpu_probe_only() -> None:
     """Diagnose the NVML trap now: a test container must keep its GPU across daemon-reload."""
-    p, _facts = run_preflight()
+    p, facts = run_preflight()
     if p is None:
         return
     s = settings()
     docker.image(name=f"Image {p.image}", ref=p.image, archive=_image_archive(s, p))
-    probe_gpu_access(s, p, _facts, force=True)
+    probe_gpu_access(s, p, facts, force=True)
 
 
 def preflight_only() -> None:

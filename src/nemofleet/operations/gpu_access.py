@@ -15,7 +15,6 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from ..facts.host import GpuAccessRecord
 from ..render import STATE_DIR
 
 STATE = f"{STATE_DIR}/gpu-access"
@@ -24,7 +23,7 @@ GPU_ACCESS_KEYS = ("exec-opts", "runtimes", "default-runtime", "features")
 CONTAINER = "nemofleet-gpu-probe"
 
 
-def probe_script(image: str, gpu_args: list[str], signature: str | None, remedy_hint: str) -> str:
+def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: str) -> str:
     q = shlex.quote
     run = ["docker", "run", "-d", "--rm", f"--name={CONTAINER}", "--pull=never", "--network=none",
            *gpu_args, "--entrypoint", "sleep", image, "600"]
@@ -42,23 +41,21 @@ def probe_script(image: str, gpu_args: list[str], signature: str | None, remedy_
         "[ \"$before\" = \"$after\" ] || fail \"the GPU probe failed: a running container saw other GPUs after "
         "systemctl daemon-reload ($before -> $after)\"",
         "echo \"GPU access survives daemon-reload: $after\"",
+        f"mkdir -p {STATE_DIR} && printf '%s\\n' {q(signature)} > {STATE}",
     ]
-    if signature is not None:
-        lines.append(f"mkdir -p {STATE_DIR} && printf '%s\\n' {q(signature)} > {STATE}")
     return "\n".join(lines)
 
 
 @operation(is_idempotent=True)
 def survives_daemon_reload(image: str, gpu_args: list[str], signature: str, remedy_hint: str,
-                           force: bool | set = False, recorded: str | None | bool = False):
+                           recorded: str | None, force: bool | set = False):
     """A running container keeps its GPU across daemon-reload; probed when `signature` (what
     decides GPU access) differs from the one that last passed, or when `force` is true or a
     set holding one of GPU_ACCESS_KEYS (the daemon.json keys this run changed, filled in by an
-    earlier op as it executed). `recorded`: the signature on the host, if already read."""
+    earlier op as it executed). `recorded`: the signature on the host (GpuAccessRecord, read
+    with HostFacts, which saves a command per host; only this op writes it)."""
     if isinstance(force, set):
         force = bool(force & set(GPU_ACCESS_KEYS))
-    if recorded is False:  # not read yet (HostFacts carries it, saving a command per host)
-        recorded = host.get_fact(GpuAccessRecord)
     if not force and recorded == signature:
         host.noop("GPU access was probed for this setup")
         return

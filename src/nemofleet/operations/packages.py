@@ -62,6 +62,12 @@ def matches(installed: str | None, version: str) -> bool:
     return installed is not None and fnmatch.fnmatchcase(installed, version)
 
 
+def unmet(have: dict, names: list[str], version: str) -> list[str]:
+    """Packages of `names` not installed at `version` or not held (`have`: AptPackages)."""
+    return [n for n in names if not matches((have.get(n) or {}).get("version"), version)
+            or not (have.get(n) or {}).get("held")]
+
+
 def pin_text(packages: list[str], version: str, why: str) -> str:
     return (f"# Managed by nemofleet: {why}\nPackage: {' '.join(packages)}\n"
             f"Pin: version {version}\nPin-Priority: 1001\n")
@@ -88,8 +94,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     gone = [p for p in sorted(conflicting or []) if current.get(p) is not None]
     have = host.get_fact(AptPackages, names=tuple(packages))
     wrong = [p for p in packages if not matches((have.get(p) or {}).get("version"), version)]
-    unheld = [p for p in packages if not (have.get(p) or {}).get("held")]
-    if not (stale or gone or wrong or unheld):
+    if not (stale or gone or unmet(have, packages, version)):
         host.noop(f"{label} {version} is installed and held")
         return
     if gone:
