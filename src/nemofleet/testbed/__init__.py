@@ -127,7 +127,8 @@ def build(state: dict, profiles: dict | None = None) -> dict:
     base = f"http://{PKG_MIRROR_ALIAS}:{PKG_MIRROR_PORT}"
     state.update(apt_key_file=apt["key_file"], apt_repo_url=f"{base}/stable/deb/$(ARCH)",
                  apt_driver_repo_url=f"{base}/cuda/deb/$(ARCH)")
-    state.update(host_image=host_tag, host_images={**state.get("host_images", {}), **host_images}, standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
+    state.update(host_image=host_tag, host_images={**state.get("host_images", {}), **host_images},
+                 standin_image=standin_tag, archives=archives, model_repo=MODEL_REPO,
                  model_revision=revision, build_seconds=round(time.time() - t0, 1))
     return state
 
@@ -254,6 +255,7 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
     ensure_secrets()
     raise_inotify_limit()
     state = read_state()
+    # named hosts only; else the whole profile, optional hosts (e.g. bare-1) only if already up
     wanted = {h: p for h, p in profiles.items()
               if (only and h in only) or (not only and (not p.get("optional") or h in state.get("hosts", {})))}
     state = build(state, wanted)
@@ -264,8 +266,8 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
     base = int(os.environ.get("NEMOFLEET_TESTBED_PORT_BASE", "22201"))
     hosts = state.get("hosts", {})
     for i, (host, spec) in enumerate(profiles.items()):
-        if (only and host not in only) or (not only and spec.get("optional") and host not in hosts):
-            continue  # optional hosts (e.g. bare-1) join only when named
+        if host not in wanted:
+            continue
         port = hosts.get(host, {}).get("port", base + i)
         if docker("inspect", container(host), check=False).returncode != 0:
             log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
