@@ -1,0 +1,400 @@
+"""Every host-data key nemofleet reads, declared once: type, default, allowed values, one line of doc.
+
+This module is the only place a default exists (like an Ansible role's defaults/main.yml).
+`parse(data)` turns pyinfra's merged host data into a `Settings` mapping that holds every key,
+validated for where its value goes (shell, cron, systemd, docker options); unknown keys are
+refused with a "did you mean" sentence. `nemofleet settings` prints this table and the README's
+settings section is generated from it (a test keeps them equal).
+
+Values are checked here for their *form*; whether they make sense together (a context above the
+model's maximum, TP that does not divide the GPUs) is the serving plan's job.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# The one definition of the default vLLM image (seeds 000/003 ran this tag; docs/recipes.md).
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
+NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+
+# No control characters anywhere (a newline in a value could add a cron line, a unit directive
+# or an env-file variable); printable text only.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+URL = r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@/%-]*)?"
+# URLs that end up inside double-quoted systemd Environment= lines or JSON: no quotes, %, $,
+# backslash or spaces
+SAFE_URL = r"https?://[A-Za-z0-9.\-\[\]:@]+(/[A-Za-z0-9._~+,;=:@/-]*)?"
+ABS_PATH = r"/[A-Za-z0-9._/+-]*"
+HOME_PATH = r"(~|/)[A-Za-z0-9._/+@-]*"
+IMAGE = r"[a-z0-9][a-z0-9._/:-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+HOSTNAME = r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}"
+# one cron schedule: exactly five fields of digits, * , - / (four would put "root" in the weekday
+# field), or an @keyword
+CRON = r"[0-9*,/-]+( [0-9*,/-]+){4}|@(hourly|daily|weekly|monthly)"
+NO_PROXY = r"[A-Za-z0-9.,:/*\[\]-]+"
+IPV4_OR_6 = r"([0-9]{1,3}(\.[0-9]{1,3}){3}|[0-9a-fA-F:]+)"
+
+
+class SettingsError(ValueError):
+    """One sentence per bad key."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    types: tuple[type, ...]
+    default: Any
+    doc: str
+    section: str
+    pattern: str | None = None  # full match, for str values (and list items)
+    choices: tuple | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    secret: bool = False
+    check: Callable[[Any], str | None] | None = None  # extra check: a sentence or None
+
+    def type_name(self) -> str:
+        names = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "mapping",
+                 list: "list", type(None): "null"}
+        return " or ".join(names.get(t, t.__name__) for t in self.types)
+
+
+def _frontends(value) -> str | None:
+    if not isinstance(value, list):
+        return "must be a list of mappings {name, network, alias, create}"
+    for fe in value:
+        if not isinstance(fe, dict) or not isinstance(fe.get("network"), str):
+            return "must be a list of mappings with a network name (and alias, create)"
+        extra = sorted(set(fe) - {"name", "network", "alias", "create"})
+        if extra:
+            return f"entry {fe.get('network')!r} has unknown keys {', '.join(extra)} (known: name, network, alias, create)"
+        for k in ("name", "network", "alias"):
+            if fe.get(k) is not None and not (isinstance(fe[k], str) and re.fullmatch(NAME, fe[k])):
+                return (f"{k} {fe[k]!r} must be a Docker name (letters, digits, '_', '.', '-'; no ',' '=' "
+                        "or spaces, which would inject docker options)")
+        if fe.get("create") is not None and not isinstance(fe["create"], bool):
+            return f"create of {fe['network']!r} must be true or false"
+    return None
+
+
+def _str_map(what: str, key_pattern: str, value_pattern: str) -> Callable[[Any], str | None]:
+    def check(value) -> str | None:
+        for k, v in (value or {}).items():
+            if not isinstance(k, str) or not re.fullmatch(key_pattern, k):
+                return f"has a bad {what} key {k!r}"
+            if not isinstance(v, str) or not re.fullmatch(value_pattern, v):
+                return f"value of {k!r} must be a string matching {value_pattern} (got {v!r})"
+        return None
+    return check
+
+
+def _flag_map(value) -> str | None:
+    for k, v in (value or {}).items():
+        if not isinstance(k, str) or not re.fullmatch(r"(--)?[a-z][a-z0-9_.-]*", k):
+            return f"flag {k!r} is not a vLLM flag name"
+        if isinstance(v, (dict, list)) or v is None or v is False:
+            return f"flag {k} needs a value or true (got {v!r})"
+        if _CONTROL.search(str(v)):
+            return f"flag {k} has a control character in its value"
+    return None
+
+
+def _instance_flags(value) -> str | None:
+    for name, flags in (value or {}).items():
+        if not isinstance(flags, dict):
+            return f"entry {name!r} must be a mapping of flag to value"
+        why = _flag_map(flags)
+        if why:
+            return f"entry {name!r}: {why}"
+    return None
+
+
+def _seed(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"host": value}
+    if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
+        return "must be a peer host name or {host, user, port, key}"
+    extra = sorted(set(value) - {"host", "user", "port", "key"})
+    if extra:
+        return f"has unknown keys {', '.join(extra)}"
+    if value.get("user") is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", str(value["user"])):
+        return f"user {value['user']!r} is not a user name"
+    if value.get("port") is not None and not (isinstance(value["port"], int) and 0 < value["port"] < 65536):
+        return f"port {value['port']!r} is not a TCP port"
+    return None
+
+
+def _model(value) -> str | None:
+    if isinstance(value, str):
+        return None if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value) else f"{value!r} is not a catalog key"
+    for k, v in value.items():
+        if isinstance(v, str) and _CONTROL.search(v):
+            return f"{k} has a control character"
+    rev = value.get("revision")
+    if rev is not None and not (isinstance(rev, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)*", rev)):
+        return f"revision {rev!r} is not a branch, tag or commit"
+    return None
+
+
+_S, _I, _F, _B, _D, _L, _N = str, int, float, bool, dict, list, type(None)
+
+KEYS: list[Key] = [
+    # --- what to serve
+    Key("model", (_S, _D), "nemotron-3.5-lightning-nvfp4",
+        "catalog key (`nemofleet models`) or mapping {catalog|repo, revision, ...}; pin revision to a commit",
+        "model", check=_model),
+    Key("vllm_image", (_S,), DEFAULT_IMAGE, "vLLM image reference (tag decides the flag table)", "model",
+        pattern=IMAGE),
+    Key("vllm_image_archive", (_S, _N), None, "`docker save` archive on the controller to load instead of pulling",
+        "model", pattern=HOME_PATH),
+    Key("vllm_image_archives", (_D,), {}, "{image reference: archive path} for air-gapped hosts", "model",
+        check=_str_map("image", IMAGE, HOME_PATH)),
+    Key("image_registry_rewrite", (_D,), {}, "{prefix: replacement} for registries Docker's mirrors do not cover",
+        "model", check=_str_map("prefix", r"[a-z0-9][a-z0-9._/:-]*", r"[a-z0-9][a-z0-9._/:-]*")),
+    Key("models_root", (_S,), "/srv/nemofleet/models", "weights directory on the host", "model", pattern=ABS_PATH),
+    # --- serving plan
+    Key("max_model_len", (_I, _N), None, "context length (default: the model's default context)", "serving",
+        minimum=1),
+    Key("max_num_seqs", (_I, _N), None, "concurrent sequences per instance (default per GPU architecture)",
+        "serving", minimum=1),
+    Key("max_num_batched_tokens", (_I, _N), None, "tokens per batch (default per GPU architecture)", "serving",
+        minimum=1),
+    Key("gpu_memory_utilization", (_F, _I), 0.90, "fraction of each GPU's memory vLLM may use", "serving",
+        minimum=0.01, maximum=1.0),
+    Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: the smallest that fits)", "serving",
+        minimum=1),
+    Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1),
+    Key("speculative", (_S, _N), None, "mtp | dflash | dspark | none (default: the model's)", "serving",
+        choices=("mtp", "dflash", "dspark", "none", "")),
+    Key("num_speculative_tokens", (_I, _N), None, "speculative tokens (default: the model's)", "serving",
+        minimum=1, maximum=16),
+    Key("kv_cache_dtype", (_S, _N), None, "KV cache dtype (default: the checkpoint's)", "serving",
+        pattern=r"[a-z0-9_]+"),
+    Key("vllm_extra_args", (_D,), {}, "extra vLLM flags {flag: value|true}, checked against the pinned version",
+        "serving", check=_flag_map),
+    Key("instance_extra_args", (_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
+        check=_instance_flags),
+    Key("port_base", (_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535),
+    Key("bind_address", (_S,), "127.0.0.1", "address the ports are published on", "serving", pattern=IPV4_OR_6),
+    Key("instance_prefix", (_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}"),
+    Key("drain_seconds", (_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
+        minimum=0, maximum=3600),
+    Key("start_timeout", (_I,), 1800, "systemd TimeoutStartSec of a vLLM unit", "serving", minimum=60),
+    Key("ready_timeout", (_I,), 1200, "seconds the deploy waits for /health after a (re)start", "serving",
+        minimum=1),
+    Key("wait_ready", (_B,), True, "wait for (re)started instances to be ready", "serving"),
+    # --- GPU access
+    Key("gpu_selection", (_S,), "auto", "auto (CDI when usable) | cdi | gpus", "gpu", choices=("auto", "cdi", "gpus")),
+    Key("nvml_remedy", (_S,), "cdi", "NVML 'Unknown Error' remedy: cdi | cgroupfs | none", "gpu",
+        choices=("cdi", "cgroupfs", "none")),
+    Key("nvidia_dev_char_rule", (_B,), True, "install the /dev/char udev rule for NVIDIA devices", "gpu"),
+    # --- secrets and Hugging Face
+    Key("vllm_api_key", (_S, _N), None, "API key for /v1 (prefer vllm_api_key_file)", "secrets", secret=True,
+        pattern=r"[\x21-\x7e]{8,512}"),
+    Key("vllm_api_key_file", (_S, _N), "~/.config/nemofleet/api-key", "file on the controller holding the API key",
+        "secrets", pattern=HOME_PATH),
+    Key("hf_token", (_S, _N), None, "Hugging Face token for gated repos (prefer hf_token_file)", "secrets",
+        secret=True, pattern=r"[\x21-\x7e]{4,512}"),
+    Key("hf_token_file", (_S, _N), "~/.config/nemofleet/hf-token", "file on the controller holding the HF token",
+        "secrets", pattern=HOME_PATH),
+    Key("hf_endpoint", (_S, _N), None, "Hugging Face mirror URL (HF_ENDPOINT); none: huggingface.co", "weights",
+        pattern=SAFE_URL),
+    Key("weights_verify", (_S,), "marker", "marker (header check once, then the marker) | full (every run)",
+        "weights", choices=("marker", "full")),
+    Key("weights_seed_from", (_S, _D, _N), None, "peer host to copy weights from before the mirror", "weights",
+        check=_seed),
+    Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
+        "weights", secret=True),
+    Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
+        pattern=HOME_PATH),
+    Key("weights_seed_public_key_file", (_S, _N), None, "its public key, authorised read-only on every host",
+        "weights", pattern=HOME_PATH),
+    # --- Docker daemon.json and proxies
+    Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
+        pattern=r"[a-z0-9_-]+"),
+    Key("docker_registry_mirrors", (_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
+        pattern=SAFE_URL),
+    Key("docker_insecure_registries", (_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
+        "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
+    Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
+        pattern=r"[a-z0-9_-]+"),
+    Key("docker_log_opts", (_D, _N), {"max-size": "100m", "max-file": "3"},
+        "daemon.json log-opts, string values (none: leave as is)", "docker"),
+    Key("docker_exec_opts", (_L, _N), None, "daemon.json exec-opts (none: nemofleet decides for the NVML trap)",
+        "docker", pattern=r"[a-z.]+=[A-Za-z0-9_.-]+"),
+    Key("http_proxy", (_S, _N), None, "proxy for dockerd (image pulls)", "docker", pattern=SAFE_URL),
+    Key("https_proxy", (_S, _N), None, "HTTPS proxy for dockerd", "docker", pattern=SAFE_URL),
+    Key("no_proxy", (_S, _N), None, "hosts dockerd reaches directly", "docker", pattern=NO_PROXY),
+    # --- frontends
+    Key("frontends", (_L,), [], "Docker networks the instances join [{name, network, alias, create}]",
+        "frontends", check=_frontends),
+    # --- health
+    Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON),
+    Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),
+    Key("health_fail_restart", (_I,), 0, "restart an instance after N consecutive failures (0: off)", "health",
+        minimum=0, maximum=100),
+    Key("health_webhook_url", (_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
+        secret=True, pattern=SAFE_URL),
+    Key("prom_dir", (_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
+        pattern=ABS_PATH),
+    # --- opt-in installs
+    Key("install_container_toolkit", (_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
+        "bootstrap"),
+    Key("container_toolkit_version", (_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
+        pattern=r"[A-Za-z0-9.+~:-]+"),
+    Key("container_toolkit_repo", (_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
+        pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
+    Key("container_toolkit_key_file", (_S, _N), None, "the repository's signing key (file on the controller)",
+        "bootstrap", pattern=HOME_PATH),
+    Key("install_nvidia_driver", (_B,), False, "install the NVIDIA driver branch (pinned, held, reboot)",
+        "bootstrap"),
+    Key("nvidia_driver_branch", (_S, _I, _N), None, "driver branch, e.g. 580", "bootstrap", pattern=r"[0-9]{3}"),
+    Key("nvidia_driver_packages", (_L, _N), None, "driver packages ({branch} expands)", "bootstrap",
+        pattern=r"[a-z0-9][a-z0-9.+{}-]*"),
+    Key("nvidia_driver_repo", (_S, _N), None, "flat apt repository of the driver (none: the host's sources)",
+        "bootstrap", pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
+    Key("nvidia_driver_key_file", (_S, _N), None, "its signing key (file on the controller)", "bootstrap",
+        pattern=HOME_PATH),
+]
+
+BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
+assert len(BY_NAME) == len(KEYS), "a settings key is declared twice"
+
+
+def _pyinfra_keys() -> frozenset[str]:
+    """Host-data keys pyinfra itself reads: every connector's data_meta (ssh_*, docker_identifier...)."""
+    names: set[str] = set()
+    try:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="pyinfra.connectors"):
+            try:
+                names.update(getattr(ep.load(), "data_meta", {}) or {})
+            except Exception:  # a broken third-party connector must not break validation
+                continue
+    except Exception:
+        pass
+    return frozenset(names)
+
+
+_PYINFRA = None
+
+
+def pyinfra_keys() -> frozenset[str]:
+    global _PYINFRA
+    if _PYINFRA is None:
+        _PYINFRA = _pyinfra_keys()
+    return _PYINFRA
+
+
+class Settings(dict):
+    """Validated host data: every declared key present. Read with s["key"] or s.key."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:  # never print secrets
+        return "Settings(" + ", ".join(
+            f"{k}={'***' if BY_NAME[k].secret and v else v!r}" for k, v in self.items() if k in BY_NAME) + ")"
+
+
+def _check(key: Key, value) -> str | None:
+    if value is None and type(None) in key.types:
+        return None
+    if isinstance(value, bool) and bool not in key.types:
+        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {value!r}"
+    if not isinstance(value, key.types):
+        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {value!r}"
+    if key.choices is not None and value not in key.choices:
+        return f"{key.name} {value!r} is not one of {', '.join(c for c in key.choices if c)}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if key.minimum is not None and value < key.minimum:
+            return f"{key.name} {value!r} must be at least {key.minimum:g}"
+        if key.maximum is not None and value > key.maximum:
+            return f"{key.name} {value!r} must be at most {key.maximum:g}"
+    items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
+    for item in items:
+        text = str(item)
+        if _CONTROL.search(text):
+            return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else repr(text)}"
+        if key.pattern and not re.fullmatch(key.pattern, text):
+            shown = "its value" if key.secret else repr(text)
+            return f"{key.name} {shown} is not valid here ({key.doc}; expected {key.pattern})"
+    if key.check is not None:
+        why = key.check(value)
+        if why:
+            return f"{key.name} {why}"
+    return None
+
+
+def unknown_key_sentence(name: str) -> str:
+    close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
+    hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
+    return f"unknown setting {name!r}{hint}"
+
+
+def is_foreign(name: str) -> bool:
+    """Keys nemofleet does not own but accepts: pyinfra's global arguments (_sudo, ...) and
+    connector data (ssh_user, ...)."""
+    return name.startswith("_") or name in pyinfra_keys()
+
+
+def parse(data: dict) -> Settings:
+    """Host data -> Settings (defaults filled in). Raises SettingsError with one sentence per bad key."""
+    problems = []
+    out = Settings()
+    for name in sorted(data):
+        if name not in BY_NAME and not is_foreign(name):
+            problems.append(unknown_key_sentence(name))
+    for key in KEYS:
+        value = data.get(key.name, key.default) if key.name in data else key.default
+        why = _check(key, value)
+        if why:
+            problems.append(why)
+        out[key.name] = value
+    if problems:
+        raise SettingsError(problems)
+    if isinstance(out["nvidia_driver_branch"], int):
+        out["nvidia_driver_branch"] = str(out["nvidia_driver_branch"])  # --data 580 arrives as a number
+    if out["speculative"] == "":
+        out["speculative"] = "none"
+    return out
+
+
+def defaults() -> Settings:
+    return parse({})
+
+
+def markdown_table() -> str:
+    """The README's settings section (generated; a test keeps the README equal to it)."""
+    rows = ["| key | type | default | what |", "|---|---|---|---|"]
+    for key in KEYS:
+        default = "" if key.default is None else f"`{key.default!r}`".replace("|", "\\|")
+        rows.append(f"| `{key.name}` | {key.type_name()} | {default} | {key.doc.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def text_table() -> str:
+    out = []
+    section = None
+    for key in KEYS:
+        if key.section != section:
+            section = key.section
+            out.append(f"[{section}]")
+        out.append(f"  {key.name:<30} {key.type_name():<20} default {key.default!r}")
+        out.append(f"      {key.doc}")
+    return "\n".join(out) + "\n"
