@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYINFRA_PROGRESS := off
 
-.PHONY: venv testbed demo test test-unit test-real-vllm down status plan bench clean
+.PHONY: venv testbed demo test test-unit test-real-vllm down status plan bench clean settings-doc
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -39,6 +39,9 @@ plan: venv
 
 down: venv
 	$(BIN)/nemofleet testbed down
+
+settings-doc: venv
+	$(BIN)/python -c 'from nemofleet.settings import write_readme; write_readme()'
 
 bench: venv
 	$(BIN)/python bench/run.py

@@ -1,4 +1,2 @@
-"""B200 (Blackwell, sm100): native NVFP4; horizontal SSU also with speculative decoding."""
-gpu_memory_utilization = 0.90
-max_num_seqs = 256
-max_num_batched_tokens = 32768
+"""B200 (Blackwell, sm100): native NVFP4; horizontal SSU also with speculative decoding
+(src/nemofleet/gpus.py, docs/recipes.md). Set a key here only to depart from the recipe."""

@@ -1,5 +1,4 @@
-"""H100 80 GB (Hopper, sm90). seed 003: 256 sequences, 32768 batched tokens, humming
-MoE/linear backends, horizontal SSU without speculative decoding, async scheduling."""
-gpu_memory_utilization = 0.90
-max_num_seqs = 256
-max_num_batched_tokens = 32768
+"""H100 80 GB (Hopper, sm90). Defaults from the recipe table (src/nemofleet/gpus.py,
+docs/recipes.md: the vLLM day-one Lightning recipe on 1x H100 runs 256 sequences and 32768
+batched tokens with the Humming backends). Set a key here only to depart from the recipe for
+every H100 host."""

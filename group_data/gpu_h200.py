@@ -1,4 +1,2 @@
-"""H200 141 GB (Hopper, sm90; 143771 MiB as read on a real H200). Same flags as H100."""
-gpu_memory_utilization = 0.90
-max_num_seqs = 256
-max_num_batched_tokens = 32768
+"""H200 141 GB (Hopper, sm90; 143771 MiB as read on a real H200). Same recipe as H100
+(src/nemofleet/gpus.py, docs/recipes.md). Set a key here only to depart from it."""

@@ -10,7 +10,8 @@ from nemofleet.testbed import read_state, testbed_dir
 _s = read_state()
 model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": _s.get("model_revision", "main")}
 hf_endpoint = _s.get("mirror_url")
-vllm_image = os.environ.get("NEMOFLEET_TESTBED_IMAGE", "vllm/vllm-openai:v0.27.1")
+if os.environ.get("NEMOFLEET_TESTBED_IMAGE"):
+    vllm_image = os.environ["NEMOFLEET_TESTBED_IMAGE"]
 vllm_image_archives = _s.get("archives") or {}  # docker save archives, per image reference
 vllm_api_key_file = str(testbed_dir() / "api-key")
 hf_token_file = str(testbed_dir() / "hf-token")

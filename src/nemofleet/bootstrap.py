@@ -1,5 +1,5 @@
 """Hosts from nothing: opt-in installs of the NVIDIA driver and the NVIDIA Container Toolkit
-from apt repositories, pinned and held, before preflight (reference §3.1).
+from apt repositories, pinned and held, before preflight (NVIDIA's install guide; docs/recipes.md).
 
 Check-only is the default. The driver install reboots the host only when it changed something
 or the loaded driver is not the pinned branch; the caller then runs preflight again on facts
@@ -14,13 +14,13 @@ import re
 from pyinfra import host
 
 from .operations import packages, preflight, reboot
+from .settings import Settings
 
 TOOLKIT_PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                     "libnvidia-container1"]
-TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 TOOLKIT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
-# old lists that make apt fail with "Conflicting values set for option Signed-By" (reference §3.1)
+# old lists that make apt fail with "Conflicting values set for option Signed-By" (NVIDIA's guide)
 TOOLKIT_OLD_LISTS = [f"/etc/apt/sources.list.d/{n}.list" for n in ("nvidia-docker", "libnvidia-container",
                                                                     "nvidia-container-runtime")]
 DRIVER_KEYRING = "/usr/share/keyrings/nemofleet-nvidia-driver.gpg"
@@ -44,11 +44,11 @@ class BootstrapState(packages.AptPackages):
         return out
 
 
-def _source(s: dict, prefix: str, repo: str | None, keyring: str, list_path: str) -> tuple[dict | None, str | None]:
+def _source(s: Settings, prefix: str, repo: str | None, keyring: str, list_path: str) -> tuple[dict | None, str | None]:
     """The apt source of a repository: (source, refusal)."""
     if not repo:
         return None, None
-    key_file = s.get(f"{prefix}_key_file")
+    key_file = s[f"{prefix}_key_file"]
     if not key_file:
         return None, (f"{prefix}_key_file is not set: give the repository's signing key (a file on the "
                       "controller, e.g. from https://nvidia.github.io/libnvidia-container/gpgkey)")
@@ -62,31 +62,31 @@ def _source(s: dict, prefix: str, repo: str | None, keyring: str, list_path: str
             "line": f"deb [signed-by={keyring}] {repo} /"}, None
 
 
-def driver_packages(s: dict) -> tuple[list[str], str]:
-    branch = str(s.get("nvidia_driver_branch") or "")
-    names = s.get("nvidia_driver_packages") or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
+def driver_packages(s: Settings) -> tuple[list[str], str]:
+    branch = str(s["nvidia_driver_branch"] or "")
+    names = s["nvidia_driver_packages"] or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
     return [n.format(branch=branch) for n in names], branch
 
 
-def install(s: dict) -> bool | None:
+def install(s: Settings) -> bool | None:
     """Opt-in installs before preflight: the NVIDIA driver (pinned branch, held, reboot only
     when it changed) and the container toolkit (pinned version, held). Returns True when the
     rest of the deploy must wait for them (then it runs at execution time, on fresh facts),
     None when the settings were refused (the host is failed)."""
-    want_driver, want_toolkit = bool(s.get("install_nvidia_driver")), bool(s.get("install_container_toolkit"))
+    want_driver, want_toolkit = s["install_nvidia_driver"], s["install_container_toolkit"]
     if not (want_driver or want_toolkit):
         return False
     refusals: list[str] = []
     drv_pkgs, branch = driver_packages(s)
     if want_driver and not re.match(r"^\d{3}$", branch):
-        refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s.get('nvidia_driver_branch')!r})")
+        refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s['nvidia_driver_branch']!r})")
     drv_source = tk_source = None
     if want_driver:
-        drv_source, why = _source(s, "nvidia_driver", s.get("nvidia_driver_repo"), DRIVER_KEYRING, DRIVER_LIST)
+        drv_source, why = _source(s, "nvidia_driver", s["nvidia_driver_repo"], DRIVER_KEYRING, DRIVER_LIST)
         refusals += [why] if why else []
-    tk_version = s.get("container_toolkit_version")
+    tk_version = s["container_toolkit_version"]
     if want_toolkit:
-        tk_source, why = _source(s, "container_toolkit", s.get("container_toolkit_repo", TOOLKIT_REPO),
+        tk_source, why = _source(s, "container_toolkit", s["container_toolkit_repo"],
                                  TOOLKIT_KEYRING, TOOLKIT_LIST)
         refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
     if drv_source and tk_source and drv_source["line"].split("] ")[1] == tk_source["line"].split("] ")[1]:

@@ -4,6 +4,7 @@
     nemofleet plan INVENTORY [--limit HOST] [--json] [--facts FILE]
     nemofleet status INVENTORY [--limit HOST]
     nemofleet models
+    nemofleet settings [--markdown]
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M]
@@ -153,6 +154,14 @@ def cmd_status(a) -> int:
     return rc
 
 
+def cmd_settings(a) -> int:
+    """Every host-data key with its type, default and meaning (generated from settings.py)."""
+    from . import settings
+
+    print(settings.markdown_table() if a.markdown else settings.text_table(), end="")
+    return 0
+
+
 def cmd_models(a) -> int:
     from .models import CATALOG
 
@@ -270,6 +279,9 @@ def main(argv=None) -> int:
     s.add_argument("inventory")
     s.add_argument("--limit", action="append", default=[])
     s.set_defaults(fn=cmd_status)
+    st = sub.add_parser("settings", help="every host-data key, its type, default and meaning")
+    st.add_argument("--markdown", action="store_true", help="the README's table")
+    st.set_defaults(fn=cmd_settings)
     m = sub.add_parser("models", help="the model catalog")
     m.set_defaults(fn=cmd_models)
     r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")

@@ -1,7 +1,7 @@
 """Preflight: can this host serve its plan? Pure checks over HostFacts, one sentence each.
 
 A refused host is failed by the first operation of the deploy, before anything changes;
-other hosts continue (reference §1.8).
+other hosts continue (pyinfra fails only the host whose command fails).
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from dataclasses import dataclass, field
 from . import plan as planner
 from . import vllm_flags
 from .models import local_dir_name
+from .settings import Settings, SettingsError
+from .settings import parse as parse_settings
+from .versions import parse as vt
 
-# reference §2.3: minimum driver per CUDA version (GA releases)
+# Minimum driver per CUDA version, GA releases (NVIDIA's CUDA 13.2 U2 release notes, table 3;
+# docs/recipes.md, "Drivers")
 CUDA_MIN_DRIVER = {
     "13.2": "595.45.04", "13.1": "590.44.01", "13.0": "580.65.06", "12.9": "575.51.03",
     "12.8": "570.26", "12.6": "560.28.03", "12.5": "555.42.02", "12.4": "550.54.14",
@@ -21,10 +25,6 @@ CUDA_MIN_DRIVER = {
 }
 MIN_DOCKER = (20, 10)  # --gpus needs 19.03; Debian 12's docker.io is 20.10
 MIN_TOOLKIT = (1, 14)
-
-
-def vt(text: str | None) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text or "")[:4]) or (0,)
 
 
 @dataclass
@@ -51,7 +51,7 @@ def summary(facts: dict) -> str:
             f"cgroup v{facts.get('cgroup') or '?'}")
 
 
-def image_cuda(data: dict, facts: dict, image: str) -> str:
+def image_cuda(facts: dict, image: str) -> str:
     """The CUDA version the image needs: from its NVIDIA_REQUIRE_CUDA when it is on the host,
     else from nemofleet's version table."""
     env = (facts.get("image") or {}).get("env") or {}
@@ -61,9 +61,16 @@ def image_cuda(data: dict, facts: dict, image: str) -> str:
     return vllm_flags.get(vllm_flags.version_of_image(image)).cuda
 
 
-def check(host: str, facts: dict, data: dict) -> Verdict:
+def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
+    """The verdict for one host; `s` is its Settings (a plain dict of host data is parsed)."""
     g = facts["gpus"]
     v = Verdict(plan=None)
+    if not isinstance(s, Settings):
+        try:
+            s = parse_settings(s)
+        except SettingsError as exc:
+            v.refusals += exc.problems
+            return v
     if not g["smi"]:
         v.refusals.append("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
                           "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
@@ -79,17 +86,17 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
         v.refusals.append("nvidia-smi lists no GPU; check that the GPUs are attached to this machine")
         return v
 
-    image = data.get("vllm_image", planner.DEFAULT_IMAGE)
+    image = s["vllm_image"]
     docker = facts["docker"]
     tk = facts["toolkit"]
     try:
         p = planner.make_plan(
-            host, planner.gpus_from_facts(g["gpus"]), data,
+            host, planner.gpus_from_facts(g["gpus"]), s,
             # a CDI spec exists, or the toolkit can generate one (the host configuration does)
             docker_version=docker.get("server"),
             cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
             cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-            local_meta=_local_meta(facts, data),
+            local_meta=_local_meta(facts, s),
         )
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
@@ -98,7 +105,7 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
     v.warnings += p.warnings
 
     try:
-        need_cuda = image_cuda(data, facts, image)
+        need_cuda = image_cuda(facts, image)
     except vllm_flags.UnknownVersion as exc:
         v.refusals.append(str(exc))
         return v
@@ -142,13 +149,13 @@ def check(host: str, facts: dict, data: dict) -> Verdict:
         need = int(max(0, p.model.weight_bytes - present) * 1.1)
         if free < need:
             v.refusals.append(f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
-                              f"{data.get('models_root', '/srv/nemofleet/models')}, {need / 1e9:.1f} GB needed (model + 10%)")
+                              f"{s['models_root']}, {need / 1e9:.1f} GB needed (model + 10%)")
     return v
 
 
-def _local_meta(facts: dict, data: dict) -> dict | None:
+def _local_meta(facts: dict, s: Settings) -> dict | None:
     models = facts.get("models") or {}
-    spec = data.get("model", "nemotron-3.5-lightning-nvfp4")
+    spec = s["model"]
     try:
         from .models import resolve
         repo = resolve(spec).repo

@@ -1,40 +1,48 @@
 """Render the plan into file contents (systemd units, health script, cron, env files).
 
 Pure functions of (plan, settings): no host access, so they are unit-tested with golden
-strings and `systemd-analyze verify`.
+strings and `systemd-analyze verify`. Every value is quoted for where it goes: `systemd_word`
+for ExecStart lines, `shlex.quote` for the health script, patterns in settings.py for cron and
+Environment= lines.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-from pathlib import Path
+import shlex
+from importlib import resources
 
 import jinja2
 
+from . import paths
 from .plan import CONTAINER_PORT, Instance, Plan
 
-TEMPLATES = Path(os.environ.get("NEMOFLEET_TEMPLATES") or Path(__file__).resolve().parents[2] / "templates")
-UNIT_DIR = "/etc/systemd/system"
-ETC = "/etc/nemofleet"
-VLLM_ENV = f"{ETC}/vllm.env"
-API_AUTH = f"{ETC}/api-auth.header"
-HF_ENV = f"{ETC}/hf.env"
-STATE_DIR = "/var/lib/nemofleet"
-COMPILE_CACHE = "/var/cache/nemofleet/vllm"
-DOCKER_PROXY = "/etc/systemd/system/docker.service.d/nemofleet-proxy.conf"
-DEV_CHAR_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 DEV_CHAR_RULE_TEXT = (
     "# Managed by nemofleet: /dev/char links for NVIDIA devices (NVIDIA Container Toolkit, runc)\n"
     'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 
+
+class _PackageLoader(jinja2.BaseLoader):
+    """Templates from the installed package (nemofleet/templates, the repository's top-level
+    templates/ shipped inside the wheel), read with importlib.resources."""
+
+    def get_source(self, environment, template):
+        ref = resources.files("nemofleet").joinpath("templates", template)
+        if not ref.is_file():
+            raise jinja2.TemplateNotFound(template)
+        return ref.read_text(), None, lambda: True
+
+
 _env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+    loader=_PackageLoader(), undefined=jinja2.StrictUndefined,
     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
 )
+_env.filters["sh"] = lambda v: shlex.quote(str(v))
+# free text in unit files: no line breaks, and % would be read as a systemd specifier
+_env.filters["sysd"] = lambda v: re.sub(r"[\x00-\x1f]", " ", str(v)).replace("%", "%%")
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -92,7 +100,7 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
             w += [f"--network=name={n},alias={a}" for n, a in nets]
     for m in plan.mounts:
         w += ["-v", f"{m.host}:{m.container}:ro"]
-    w += ["-v", f"{COMPILE_CACHE}/{inst.name}:/root/.cache/vllm", f"--env-file={VLLM_ENV}"]
+    w += ["-v", f"{paths.COMPILE_CACHE}/{inst.name}:/root/.cache/vllm", f"--env-file={paths.VLLM_ENV}"]
     for k, v in sorted(plan.env.items()):
         w += ["-e", f"{k}={v}"]
     w.append(plan.image)
@@ -101,14 +109,16 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
 
 
 def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, start_timeout: int = 1800) -> str:
-    connect_after_create = docker_major < 25 and len(frontends) > 1  # reference §6, §7
+    # Docker < 25 takes one --network at create time: create, connect the others, start
+    # (docs/recipes.md, "Units")
+    connect_after_create = docker_major < 25 and len(frontends) > 1
     nets = frontend_networks(frontends, inst, len(plan.instances) == 1)
     drain = int(inst.args[inst.args.index("--shutdown-timeout") + 1]) if "--shutdown-timeout" in inst.args else 0
     return _env.get_template("vllm.service.j2").render(
         host=plan.host, i=inst, served_name=plan.served_name,
         gpu_indices=",".join(str(g.index) for g in inst.gpus), start_timeout=start_timeout,
         docker_stop=drain + 30, stop_timeout=drain + 60, connect_after_create=connect_after_create,
-        run_words=run_words(plan, inst, nets, connect_after_create, docker_major < 25), later_networks=nets[1:] if connect_after_create else [],
+        run_words=run_words(plan, inst, nets, connect_after_create, docker_major < 25), later_networks=[(systemd_word(n), systemd_word(a)) for n, a in nets[1:]] if connect_after_create else [],
     )
 
 
@@ -117,26 +127,39 @@ def probe_address(plan: Plan) -> str:
     return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else plan.bind_address
 
 
-def health_script(plan: Plan, settings: dict) -> str:
+def health_script(plan: Plan, s) -> str:
     return _env.get_template("nemofleet-health.sh.j2").render(
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
-        check_infer=1 if settings.get("health_check_infer") else 0,
-        fail_restart=int(settings.get("health_fail_restart", 0) or 0),
-        webhook_url=settings.get("health_webhook_url") or "",
-        prom_dir=settings.get("prom_dir", "/var/lib/prometheus/node-exporter"),
+        check_infer=1 if s["health_check_infer"] else 0, fail_restart=s["health_fail_restart"],
+        restart_grace=s["health_restart_grace"], restarts_per_hour=s["health_restarts_per_hour"],
+        prom_dir=s["prom_dir"],
     )
 
 
-def health_cron(settings: dict) -> str:
-    return _env.get_template("nemofleet-health.cron.j2").render(schedule=settings.get("health_schedule", "* * * * *"))
+def health_conf(s) -> str:
+    """/etc/nemofleet/health.conf (0600): what the health script must not carry in a 0755 file."""
+    text = "# Managed by nemofleet: read by /usr/local/bin/nemofleet-health (root only).\n"
+    if s["health_webhook_url"]:
+        text += f"DEFAULT_WEBHOOK_URL={shlex.quote(s['health_webhook_url'])}\n"
+    return text
 
 
-def docker_proxy(settings: dict) -> str | None:
-    keys = {k: settings.get(k) for k in ("http_proxy", "https_proxy", "no_proxy")}
+def health_cron(s) -> str:
+    return _env.get_template("nemofleet-health.cron.j2").render(schedule=s["health_schedule"])
+
+
+def docker_proxy(s) -> str | None:
+    """The dockerd proxy drop-in; values are URLs checked in settings.py (no quote, % or newline
+    can reach the Environment= lines)."""
+    keys = {k: s[k] for k in ("http_proxy", "https_proxy", "no_proxy")}
     if not any(keys.values()):
         return None
     return _env.get_template("docker-proxy.conf.j2").render(**keys)
 
 
 def env_file(values: dict[str, str]) -> str:
+    """KEY=value lines for docker --env-file; values were checked to hold no newline."""
+    for k, v in values.items():
+        if "\n" in str(v) or "\r" in str(v):
+            raise ValueError(f"{k} must be one line")
     return "".join(f"{k}={v}\n" for k, v in sorted(values.items()))

@@ -60,6 +60,7 @@ class Key:
     minimum: float | None = None
     maximum: float | None = None
     secret: bool = False
+    multiline: bool = False  # a PEM key: newlines allowed, other control characters not
     check: Callable[[Any], str | None] | None = None  # extra check: a sentence or None
 
     def type_name(self) -> str:
@@ -115,6 +116,16 @@ def _instance_flags(value) -> str | None:
         why = _flag_map(flags)
         if why:
             return f"entry {name!r}: {why}"
+    return None
+
+
+def _gpu_refs(value) -> str | None:
+    for ref in value or []:
+        if isinstance(ref, bool) or not (isinstance(ref, int) and ref >= 0
+                                         or isinstance(ref, str) and re.fullmatch(r"(GPU|MIG)-[0-9a-fA-F-]{8,64}", ref)):
+            return f"entry {ref!r} is neither a GPU index nor a GPU UUID (GPU-...)"
+    if value is not None and not value:
+        return "is empty; leave it unset to use every GPU"
     return None
 
 
@@ -175,6 +186,11 @@ KEYS: list[Key] = [
     Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: the smallest that fits)", "serving",
         minimum=1),
     Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1),
+    Key("tensor_parallel_policy", (_S,), "recipe",
+        "TP when tensor_parallel_size is unset: recipe (the model's, docs/recipes.md) | smallest (most instances) "
+        "| largest (one instance over the GPUs)", "serving", choices=("recipe", "smallest", "largest")),
+    Key("gpus", (_L, _N), None, "GPUs to serve on, by index or UUID (default: every GPU without MIG)", "serving",
+        check=_gpu_refs),
     Key("speculative", (_S, _N), None, "mtp | dflash | dspark | none (default: the model's)", "serving",
         choices=("mtp", "dflash", "dspark", "none", "")),
     Key("num_speculative_tokens", (_I, _N), None, "speculative tokens (default: the model's)", "serving",
@@ -215,7 +231,7 @@ KEYS: list[Key] = [
     Key("weights_seed_from", (_S, _D, _N), None, "peer host to copy weights from before the mirror", "weights",
         check=_seed),
     Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
-        "weights", secret=True),
+        "weights", secret=True, multiline=True),
     Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
         pattern=HOME_PATH),
     Key("weights_seed_public_key_file", (_S, _N), None, "its public key, authorised read-only on every host",
@@ -244,6 +260,11 @@ KEYS: list[Key] = [
     Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),
     Key("health_fail_restart", (_I,), 0, "restart an instance after N consecutive failures (0: off)", "health",
         minimum=0, maximum=100),
+    Key("health_restart_grace", (_I,), 1200,
+        "no self-heal restart of an instance not yet healthy since its start, for N s (it is loading)",
+        "health", minimum=0),
+    Key("health_restarts_per_hour", (_I,), 3, "cap on self-heal restarts per instance per hour", "health",
+        minimum=0, maximum=60),
     Key("health_webhook_url", (_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
         secret=True, pattern=SAFE_URL),
     Key("prom_dir", (_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
@@ -329,7 +350,7 @@ def _check(key: Key, value) -> str | None:
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
     for item in items:
         text = str(item)
-        if _CONTROL.search(text):
+        if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else repr(text)}"
         if key.pattern and not re.fullmatch(key.pattern, text):
             shown = "its value" if key.secret else repr(text)
@@ -398,3 +419,18 @@ def text_table() -> str:
         out.append(f"  {key.name:<30} {key.type_name():<20} default {key.default!r}")
         out.append(f"      {key.doc}")
     return "\n".join(out) + "\n"
+
+
+def write_readme(path: str = "README.md") -> bool:
+    """Replace the README's generated settings table (between its markers); True if it changed."""
+    import pathlib
+
+    p = pathlib.Path(path)
+    text = p.read_text()
+    begin, end = "<!-- settings:begin -->\n", "<!-- settings:end -->"
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    new = head + begin + markdown_table() + end + tail
+    if new != text:
+        p.write_text(new)
+    return new != text

@@ -6,7 +6,7 @@ from pathlib import Path
 from nemofleet import preflight
 
 H200 = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200" / "hostfacts.json").read_text())
-DATA = {"vllm_api_key": "x"}
+DATA = {"vllm_api_key": "sk-test-0123456789"}
 
 
 def ready():

@@ -3,6 +3,7 @@ import shlex
 
 from nemofleet.plan import Gpu, make_plan
 from nemofleet.render import health_cron, release_id, systemd_word, unit
+from nemofleet.settings import defaults
 
 GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, "9.0") for i in range(2)]
 FRONTENDS = [{"network": "open-webui_default", "alias": "nemotron"}, {"network": "dify_default", "alias": "nemotron"}]
@@ -57,14 +58,14 @@ def test_release_id_changes_with_flags_only():
 
 
 def test_cron_file_rules():
-    text = health_cron({})
+    text = health_cron(defaults())
     assert text.endswith("\n") and "SHELL=/bin/sh" in text and "flock -n" in text and "logger -t nemofleet-health" in text
 
 
 def test_checks_reach_the_port_where_it_is_published():
     from nemofleet.render import health_script
 
-    assert "http://127.0.0.1:$2" in health_script(make_plan("h", GPUS[:1], {}), {})
+    assert "http://127.0.0.1:$2" in health_script(make_plan("h", GPUS[:1], {}), defaults())
     private = make_plan("h", GPUS[:1], {"bind_address": "10.1.2.3"})
-    assert "http://10.1.2.3:$2" in health_script(private, {})
+    assert "http://10.1.2.3:$2" in health_script(private, defaults())
     assert "-p 10.1.2.3:8000:8000" in unit(private, private.instances[0], [], 29)

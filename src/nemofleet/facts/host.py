@@ -6,6 +6,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
 from .weights import ModelsOnDisk
@@ -103,7 +104,7 @@ class HostFacts(FactBase):
             kw = {k: (args[v] if v in self.ARGS else v) for k, v in kwargs.items()}
             yield key, cls(), kw
 
-    def command(self, models_root: str = "/srv/nemofleet/models", image: str = "vllm/vllm-openai:v0.27.1") -> str:
+    def command(self, models_root: str = BY_NAME["models_root"].default, image: str = DEFAULT_IMAGE) -> str:
         chunks = []
         for key, fact, kw in self._parts({"models_root": models_root, "image": image}):
             cmd = fact.command(**kw) if callable(fact.command) else fact.command

@@ -15,9 +15,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from ..render import STATE_DIR
-
-STATE = f"{STATE_DIR}/gpu-access"
+from ..paths import GPU_ACCESS as STATE, STATE_DIR
 # daemon.json keys that decide how containers get their GPUs (and so whether the trap applies)
 GPU_ACCESS_KEYS = ("exec-opts", "runtimes", "default-runtime", "features")
 CONTAINER = "nemofleet-gpu-probe"

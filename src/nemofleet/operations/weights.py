@@ -10,11 +10,12 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from .. import paths
 from ..facts.weights import WeightsStatus, check_command
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
-SEED_KEY = "/etc/nemofleet/seed_ed25519"
-SEED_KNOWN_HOSTS = "/etc/nemofleet/seed_known_hosts"
+SEED_KEY = paths.SEED_KEY
+SEED_KNOWN_HOSTS = paths.SEED_KNOWN_HOSTS
 
 # Runs on the host before any byte is fetched: is the mirror up, does repo@revision exist,
 # is there disk for what is still missing? One sentence and exit 1 otherwise. The token is
@@ -66,9 +67,13 @@ def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     q = shlex.quote
     ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
            f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
-    src = f"{seed.get('user', 'root')}@{seed['host']}:{directory}/"
+    # the peer's key is restricted to `rrsync -ro <models root>`: paths are relative to that root
+    root = seed.get("root", "").rstrip("/")
+    rel = directory[len(root) + 1:] if root and directory.startswith(root + "/") else directory
+    src = f"{seed.get('user', 'root')}@{seed['host']}:{rel}/"
     return [
-        f"if rsync -a --partial --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
+        f"if rsync -a --partial --timeout=120 --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
         f"then echo 'seeded {directory} from {seed['host']}'; "
         f"else echo 'seeding from {seed['host']} failed; falling back to the Hugging Face mirror' >&2; fi",
         f"if {check_command(directory, revision, 'check')} 2>/dev/null | grep -q '\"complete\": true'; then "
@@ -97,7 +102,7 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         *(seed_lines(seed, directory, revision) if seed else []),
         f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
         f"{q(token_file or '')} {present_bytes} >/dev/null",
-        # orphaned *.incomplete files of killed downloads are never reused (reference §5.2)
+        # orphaned *.incomplete files of killed downloads are never reused (huggingface_hub writes a new one per process)
         f"find {q(directory + '/.cache/huggingface/download')} -name '*.incomplete' -delete 2>/dev/null || true",
     ]
     for rel in cleanup:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import settings
 from . import aptrepo, images, tinymodel
 
 PREFIX = os.environ.get("NEMOFLEET_TESTBED_NAME", "nf-tb") + "-"
@@ -30,13 +31,13 @@ PKG_MIRROR = f"{PREFIX}pkg-mirror"
 PKG_MIRROR_ALIAS = "pkg-mirror"
 PKG_MIRROR_PORT = 8091
 LABEL = "nemofleet.testbed=1"
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
+DEFAULT_IMAGE = settings.DEFAULT_IMAGE
 MODEL_REPO = "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
 # Extra releases of the stand-in image, for rollout tests: a newer tag, and one told to fail.
 RELEASES = {
-    "vllm/vllm-openai:v0.27.1": {},
-    "vllm/vllm-openai:v0.27.1-nf2": {"STANDIN_RELEASE": "nf2"},
-    "vllm/vllm-openai:v0.27.1-broken": {"STANDIN_FAIL": "start", "STANDIN_RELEASE": "broken"},
+    DEFAULT_IMAGE: {},
+    f"{DEFAULT_IMAGE}-nf2": {"STANDIN_RELEASE": "nf2"},
+    f"{DEFAULT_IMAGE}-broken": {"STANDIN_FAIL": "start", "STANDIN_RELEASE": "broken"},
 }
 RUN_FLAGS = [
     "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",

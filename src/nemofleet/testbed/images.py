@@ -219,7 +219,7 @@ def standin_image() -> str:
 
 
 def save_as(src_tag: str, repo_tag: str, dest: Path, env: dict[str, str] | None = None) -> Path:
-    """`docker save` src_tag into dest, re-tagged as repo_tag (e.g. vllm/vllm-openai:v0.27.1).
+    """`docker save` src_tag into dest, re-tagged as repo_tag (e.g. the pinned vllm/vllm-openai tag).
 
     With `env`, a thin layer-less variant is made first (docker commit --change ENV ...).
     """

@@ -1,0 +1,309 @@
+"""The whole desired state of one host: a pure function of (settings, facts, secrets).
+
+`build()` makes every decision of a run -- the preflight verdict, the serving plan, the
+daemon.json keys nemofleet owns, every managed file (path, content, mode), the units, the GPU
+access method and its probe signature, the release -- and does no I/O, so it is golden-tested
+with exact strings (tests/unit/test_desired.py). `deploy.py` only turns a `Desired` into
+pyinfra operations.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from . import paths, render, versions
+from . import preflight as checks
+from . import settings as settings_mod
+from .plan import Plan, effective_cgroup_driver
+
+FileMap = dict  # {path: (content, mode)}
+
+# Secrets the controller reads for the host (values, never paths): see deploy.read_secrets().
+SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")
+
+
+@dataclass
+class Download:
+    repo: str
+    revision: str
+    directory: str
+    endpoint: str | None
+    token_file: str | None
+    full_verify: bool
+    seed: dict | None
+
+
+@dataclass
+class GpuProbe:
+    image: str
+    gpu_args: list[str]
+    signature: str
+    remedy_hint: str
+
+
+@dataclass
+class Desired:
+    host: str
+    summary: str
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    settings: settings_mod.Settings | None = None
+    plan: Plan | None = None
+    # host configuration
+    daemon_json: dict = field(default_factory=dict)
+    host_files: FileMap = field(default_factory=dict)  # Docker proxy drop-in, /dev/char rule
+    secret_files: FileMap = field(default_factory=dict)
+    secret_dirs: dict = field(default_factory=dict)
+    absent: list[str] = field(default_factory=list)  # files that must not exist (a stale HF token)
+    authorized_key: str | None = None  # the fleet seed key, restricted (see seed_authorized_key)
+    cdi_command: str | None = None  # how this host gets a CDI spec, when it has none
+    # weights
+    image: str = ""
+    image_archive: str | None = None
+    downloads: list[Download] = field(default_factory=list)
+    # serving
+    gpu_probe: GpuProbe | None = None
+    gpu_access_record: str | None = None  # the signature that last passed the probe on the host
+    networks: dict = field(default_factory=dict)  # {network: create}
+    units: FileMap = field(default_factory=dict)
+    unit_names: list[str] = field(default_factory=list)
+    attached: dict = field(default_factory=dict)  # {container: {network: alias}}
+    ready_command: str | None = None
+    release_id: str | None = None
+    previous_release: str | None = None
+    keep_previous_command: str | None = None
+    release_files: FileMap = field(default_factory=dict)
+    audit_command: str | None = None
+    frontend_lines: list[str] = field(default_factory=list)
+    # health
+    health_files: FileMap = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals and self.plan is not None
+
+
+# ---------------------------------------------------------------------------- daemon.json
+
+
+def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> dict:
+    """The daemon.json keys nemofleet owns on this host (None: remove the key)."""
+    desired: dict = {}
+    if facts["toolkit"].get("runtime") or facts["toolkit"].get("version"):
+        desired["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}
+    if s["docker_default_runtime"]:
+        desired["default-runtime"] = s["docker_default_runtime"]
+    for key, name in (("docker_registry_mirrors", "registry-mirrors"), ("docker_insecure_registries", "insecure-registries")):
+        if s[key] is not None:
+            desired[name] = s[key] or None
+    if s["docker_log_driver"]:
+        desired["log-driver"] = s["docker_log_driver"]
+    if s["docker_log_opts"] is not None:
+        desired["log-opts"] = s["docker_log_opts"]
+    exec_opts = s["docker_exec_opts"]
+    if exec_opts is None and p is not None and p.docker_exec_opts:
+        exec_opts = p.docker_exec_opts
+    if exec_opts is not None:
+        desired["exec-opts"] = exec_opts or None
+    if p is not None and p.gpu_method == "cdi" and versions.major(facts["docker"].get("server")) < 28:
+        desired["features"] = {"cdi": True}  # CDI is on by default from Docker 28.3 (docs/recipes.md)
+    return desired
+
+
+def gpu_access_signature(p: Plan, facts: dict, daemon: dict) -> str:
+    """What decides whether containers keep their GPUs once this run is done: the GPU method,
+    Docker's cgroup driver, and the Docker, toolkit and driver versions (a run that rewrites
+    other GPU keys of daemon.json forces the probe by itself)."""
+    d = facts["docker"]
+    # exec-opts None in `daemon` removes the key (Docker's default driver); absent leaves it
+    exec_opts = (daemon["exec-opts"] or []) if "exec-opts" in daemon else None
+    cgroup = effective_cgroup_driver(exec_opts, d.get("cgroup_driver"), facts.get("cgroup"))
+    return json.dumps({"method": p.gpu_method, "cgroup_driver": cgroup, "docker": d.get("server"),
+                       "toolkit": facts["toolkit"].get("version"), "driver": facts["gpus"].get("driver")},
+                      sort_keys=True)
+
+
+def cdi_command(p: Plan, facts: dict) -> str | None:
+    tk = facts["toolkit"]
+    if p.gpu_method != "cdi" or tk.get("cdi_specs"):
+        return None
+    if versions.parse(tk.get("version")) >= (1, 18):
+        # CTK >= 1.18 keeps /var/run/cdi/nvidia.yaml current on driver/toolkit changes and at boot
+        return "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+    return "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def seed_authorized_key(public_key: str, models_root: str) -> str:
+    """The fleet seed key may only read the models root with rsync on this host: one compromised
+    host must not be root on all. OpenSSH's `restrict` (no pty, no forwarding) and a forced
+    command: rsync's own restricted wrapper, read-only, rooted at the models directory."""
+    return f'restrict,command="/usr/bin/rrsync -ro {models_root}" {public_key}'
+
+
+def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list[str]]:
+    key = secrets["vllm_api_key"]
+    out = {paths.VLLM_ENV: (render.env_file({"VLLM_API_KEY": key}), "0600"),
+           paths.API_AUTH: (f"Authorization: Bearer {key}\n", "0600"),
+           paths.HEALTH_CONF: (render.health_conf(s), "0600")}
+    absent = []
+    if secrets.get("hf_token"):
+        out[paths.HF_ENV] = (render.env_file({"HF_TOKEN": secrets["hf_token"]}), "0600")
+    else:
+        absent.append(paths.HF_ENV)
+    if secrets.get("weights_seed_key"):
+        out[paths.SEED_KEY] = (secrets["weights_seed_key"].strip() + "\n", "0600")
+    return out, absent
+
+
+def host_files(s: settings_mod.Settings, facts: dict) -> FileMap:
+    out = {}
+    proxy = render.docker_proxy(s)
+    if proxy:
+        out[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
+    if facts["toolkit"].get("version") and s["nvidia_dev_char_rule"]:
+        out[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
+    return out
+
+
+def downloads(s: settings_mod.Settings, p: Plan, secrets: dict) -> list[Download]:
+    seed = s["weights_seed_from"]
+    if isinstance(seed, str):
+        seed = {"host": seed}
+    if seed:
+        seed = {**seed, "root": s["models_root"]}  # rrsync on the peer serves paths below this root
+    return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
+                     token_file=paths.HF_ENV if secrets.get("hf_token") else None,
+                     full_verify=s["weights_verify"] == "full", seed=seed or None)
+            for d in p.downloads]
+
+
+def ready_command(p: Plan, timeout: int) -> str:
+    addr = render.probe_address(p)
+    return (f"wait_ready() {{ end=$(( $(date +%s) + {timeout} )); "
+            f"until [ \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{addr}:$2/health)\" = 200 ]; do "
+            f"if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after {timeout}s:\" >&2; "
+            "journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; sleep 2; done; }; "
+            + " ".join(f"wait_ready {i.name} {i.host_port};" for i in p.instances))
+
+
+def keep_previous_command() -> str:
+    """Keep the release being replaced (units + record) so `nemofleet rollback` can return to it."""
+    d = paths.PREVIOUS
+    return (f"set -e; d={d}; rm -rf $d.new; mkdir -p $d.new; "
+            f"cp {paths.UNIT_GLOB} $d.new/ 2>/dev/null || true; "
+            f"cp {paths.RELEASE} $d.new/release; rm -rf $d; mv $d.new $d")
+
+
+def audit_command(operator: str, line: str) -> str:
+    return (f"mkdir -p {paths.STATE_DIR}; echo \"$(date -u +%FT%TZ) {shlex.quote(operator)} "
+            f"{shlex.quote(line)}\" >> {paths.AUDIT_LOG}")
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def _settings(host: str, data: dict, d: Desired) -> settings_mod.Settings | None:
+    try:
+        return settings_mod.parse(data)
+    except settings_mod.SettingsError as exc:
+        d.refusals += [f"setting {p}" if p.startswith("unknown") else p for p in exc.problems]
+        return None
+
+
+def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
+    if not secrets.get("vllm_api_key"):
+        d.refusals.append("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
+                          "so /v1 is not open to anyone who can reach the port")
+    for name in SECRET_KEYS:
+        value = secrets.get(name)
+        key = settings_mod.BY_NAME.get(name)
+        if value and key is not None:
+            why = settings_mod._check(key, value.strip() if name.endswith("_key") else value)
+            if why:
+                d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
+
+
+def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root") -> Desired:
+    """Everything this run should make true on `host`. Never raises for bad input: a host that
+    cannot serve comes back with `refusals` (one sentence each) and nothing else to apply."""
+    d = Desired(host=host, summary=checks.summary(facts))
+    for part, why in sorted((facts.get("errors") or {}).items()):
+        d.refusals.append(f"could not read {part} on this host: {why}")
+    s = _settings(host, data, d)
+    if s is None:
+        return d
+    d.settings = s
+    verdict = checks.check(host, facts, s)
+    d.refusals += verdict.refusals
+    d.warnings += verdict.warnings
+    d.daemon_json = docker_settings(s, verdict.plan, facts)
+    try:
+        from .operations.daemon_json import DaemonJsonError, validate_settings
+        validate_settings(d.daemon_json)
+    except DaemonJsonError as exc:
+        d.refusals.append(str(exc))
+    if facts["daemon_json"]["data"] is None:
+        d.refusals.append(f"/etc/docker/daemon.json is {facts['daemon_json']['error']}; nemofleet leaves it "
+                          "untouched: fix or remove it, then re-run")
+    if verdict.plan is not None:
+        _secrets_ok(s, secrets, d)
+    if d.refusals or verdict.plan is None:
+        return d
+    _fill(d, s, verdict.plan, facts, secrets, operator)
+    return d
+
+
+def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: dict, operator: str) -> None:
+    """The state of a host that passed preflight."""
+    d.plan = p
+    d.host_files = host_files(s, facts)
+    d.secret_files, d.absent = secret_files(s, secrets)
+    d.secret_dirs = {paths.ETC: "0700"}
+    if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
+        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"].strip(), s["models_root"])
+    d.cdi_command = cdi_command(p, facts)
+    d.image = p.image
+    d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
+    d.downloads = downloads(s, p, secrets)
+    hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
+            if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")
+    d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
+                           gpu_access_signature(p, facts, d.daemon_json), hint)
+    d.gpu_access_record = facts.get("gpu_access")
+    frontends = s["frontends"]
+    d.networks = {f["network"]: bool(f.get("create")) for f in frontends}
+    docker_major = versions.major(facts["docker"].get("server"))
+    d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s["start_timeout"]), "0644")
+               for i in p.instances}
+    d.unit_names = [i.unit for i in p.instances]
+    single = len(p.instances) == 1
+    if frontends:
+        d.attached = {i.name: dict(render.frontend_networks(frontends, i, single)) for i in p.instances}
+    if s["wait_ready"]:
+        d.ready_command = ready_command(p, s["ready_timeout"])
+    d.release_id = render.release_id(p)
+    d.previous_release = (facts.get("release") or {}).get("id")
+    d.keep_previous_command = keep_previous_command()
+    d.release_files = {paths.RELEASE: (render.release_record(p), "0644")}
+    d.audit_command = audit_command(operator, (
+        f"release {d.previous_release or 'none'} -> {d.release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
+        f"{len(p.instances)} instance(s))"))
+    for fe in frontends:
+        for i in p.instances:
+            alias = d.attached[i.name][fe["network"]]
+            d.frontend_lines.append(f"frontend {fe.get('name') or fe['network']}: base URL http://{alias}:8000/v1 "
+                                    f"model {p.served_name}")
+    d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s), "0755"),
+                      paths.HEALTH_CRON: (render.health_cron(s), "0644")}
+
+
+def planned_release(host: str, facts: dict, data: dict) -> str | None:
+    """The release id the inventory plans for a host (for `nemofleet status` drift), or None
+    when the host would be refused. Secrets do not enter the release id."""
+    d = build(host, data, facts, {"vllm_api_key": "x" * 16})
+    return d.release_id if d.ok else None

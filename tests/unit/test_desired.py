@@ -1,0 +1,135 @@
+"""desired.build(): the whole desired state of a host from (settings, facts, secrets), golden-tested
+with exact strings (Kamal-style), pure (no file, process or network access), and refusing bad
+input with one sentence and nothing to apply.
+
+Regenerate the golden files deliberately with NEMOFLEET_UPDATE_GOLDEN=1 and review the diff.
+"""
+import builtins
+import copy
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nemofleet import desired, paths
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden_desired"
+H200 = json.loads((HERE.parent / "fixtures" / "gpu" / "h200" / "hostfacts.json").read_text())
+SECRETS = {"vllm_api_key": "sk-test-0123456789", "hf_token": None, "weights_seed_key": None,
+           "weights_seed_public_key": None}
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def facts(gpus=1, name="NVIDIA H200", mib=143771, cc="9.0", docker="29.1.3", driver="580.159.04", cgroup=2,
+          cgroup_driver="systemd"):
+    f = copy.deepcopy(H200)
+    f["toolkit"].update(version="1.18.0", hook=True, runtime=True)
+    f["docker"].update(installed=True, running=True, server=docker, cgroup_driver=cgroup_driver, cgroup_version=cgroup)
+    f["cgroup"] = cgroup
+    first = f["gpus"]["gpus"][0]
+    f["gpus"]["gpus"] = [dict(first, index=i, uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", name=name,
+                              memory_mib=mib, cc=cc, driver=driver) for i in range(gpus)]
+    f["gpus"]["driver"] = driver
+    return f
+
+
+CASES = {
+    # host shape, host data
+    "h200-1x-cdi": (facts(), {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}}),
+    "a100-1x-docker20-frontends": (
+        facts(name="NVIDIA A100-SXM4-80GB", mib=81920, cc="8.0", docker="20.10.24", driver="570.195.03", cgroup=1,
+              cgroup_driver="cgroupfs"),
+        {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV},
+         "frontends": [{"name": "open-webui", "network": "open-webui_default", "alias": "nemotron", "create": True},
+                       {"name": "dify", "network": "dify_default", "alias": "nemotron"}],
+         "health_webhook_url": "https://hooks.example.internal/T0/abc", "http_proxy": "http://proxy.internal:3128"}),
+    "h100-8x-trap": (facts(gpus=8, name="NVIDIA H100 80GB HBM3", mib=81559, docker="24.0.7"),
+                     {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}}),
+}
+
+
+def dump(d: desired.Desired) -> str:
+    """Everything a run would make true, as one reviewable text."""
+    out = [f"# host {d.host}", f"refusals: {d.refusals}", f"warnings: {d.warnings}",
+           f"daemon.json: {json.dumps(d.daemon_json, sort_keys=True)}", f"release: {d.release_id}",
+           f"image: {d.image} archive: {d.image_archive}", f"cdi: {d.cdi_command}", f"networks: {d.networks}",
+           f"attached: {json.dumps(d.attached, sort_keys=True)}", f"absent: {d.absent}",
+           f"probe: {d.gpu_probe.gpu_args if d.gpu_probe else None} {d.gpu_probe.signature if d.gpu_probe else ''}"]
+    out += [f"download: {x.repo}@{x.revision} -> {x.directory} via {x.endpoint}" for x in d.downloads]
+    for group in ("host_files", "secret_files", "units", "health_files", "release_files"):
+        for path, (content, mode) in sorted(getattr(d, group).items()):
+            shown = "(secret)" if group == "secret_files" else content
+            out.append(f"--- {group} {path} {mode}\n{shown}")
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_desired_state(case):
+    f, data = CASES[case]
+    text = dump(desired.build(case, data, f, SECRETS, operator="ops@ctl"))
+    path = GOLDEN / f"{case}.txt"
+    if os.environ.get("NEMOFLEET_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_build_is_pure(monkeypatch):
+    """No file, process or socket is touched while deciding."""
+    def boom(*a, **k):
+        raise AssertionError("desired.build did I/O")
+    f, data = CASES["a100-1x-docker20-frontends"]
+    desired.build("warm", data, f, SECRETS)  # import-time work (templates, connector list) first
+    monkeypatch.setattr(builtins, "open", boom)
+    monkeypatch.setattr(subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)
+    monkeypatch.setattr(socket, "socket", boom)
+    d = desired.build("pure", data, f, SECRETS)
+    assert d.ok and d.units
+
+
+def test_same_inputs_same_state():
+    f, data = CASES["h100-8x-trap"]
+    assert dump(desired.build("x", data, f, SECRETS)) == dump(desired.build("x", data, f, SECRETS))
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"gpu_memory_utilisation": 0.8}, "did you mean gpu_memory_utilization"),
+    ({"health_schedule": "* * * *"}, "health_schedule"),
+    ({"frontends": [{"network": "n", "alias": "a,b"}]}, "would inject docker options"),
+    ({"model": "nemotron-9"}, "unknown model"),
+])
+def test_bad_input_refused_with_nothing_to_apply(data, words):
+    d = desired.build("bad", data, facts(), SECRETS)
+    assert any(words in r for r in d.refusals), d.refusals
+    assert not d.ok and not d.units and not d.secret_files and not d.health_files
+
+
+def test_missing_api_key_and_fact_errors_refuse():
+    d = desired.build("h", {}, facts(), dict(SECRETS, vllm_api_key=None))
+    assert any("no API key" in r for r in d.refusals)
+    f = facts()
+    f["errors"] = {"gpus": "nvidia-smi did not answer within 20 s (hung driver?)"}
+    assert "could not read gpus on this host: nvidia-smi did not answer" in desired.build("h", {}, f, SECRETS).refusals[0]
+
+
+def test_secrets_only_in_0600_files_never_in_units_or_scripts():
+    f, data = CASES["a100-1x-docker20-frontends"]
+    d = desired.build("h", data, f, SECRETS)
+    public = "".join(c for group in (d.units, d.health_files, d.host_files, d.release_files)
+                     for c, _ in group.values()) + (d.audit_command or "")
+    for secret in (SECRETS["vllm_api_key"], "hooks.example.internal"):
+        assert secret not in public
+    assert all(mode == "0600" for _, mode in d.secret_files.values())
+    assert d.host_files[paths.DOCKER_PROXY][1] == "0600"
+    assert "hooks.example.internal" in d.secret_files[paths.HEALTH_CONF][0]
+
+
+def test_seed_key_is_restricted_to_a_read_only_rsync():
+    d = desired.build("h", {}, facts(), dict(SECRETS, weights_seed_key="-----BEGIN OPENSSH X-----\nabc\n-----END",
+                                              weights_seed_public_key="ssh-ed25519 AAAAC3 fleet"))
+    assert d.authorized_key == 'restrict,command="/usr/bin/rrsync -ro /srv/nemofleet/models" ssh-ed25519 AAAAC3 fleet'
