@@ -41,3 +41,44 @@ def test_bad_settings_refused(desired, sentence):
 
 def test_render_is_stable_sorted_4_space():
     assert render({"b": 1, "a": {"y": 1, "x": 2}}) == '{\n    "a": {\n        "x": 2,\n        "y": 1\n    },\n    "b": 1\n}\n'
+
+
+def test_exec_opts_merged_by_name_operator_options_kept_in_order():
+    cur = {"exec-opts": ["native.umask=normal", "native.cgroupdriver=systemd", "isolation=process"]}
+    out = merge(cur, {"exec-opts": ["native.cgroupdriver=cgroupfs"]})
+    assert out["exec-opts"] == ["native.umask=normal", "native.cgroupdriver=cgroupfs", "isolation=process"]
+    # not listed: only nemofleet's own option goes; the key goes only when nothing is left
+    assert merge(cur, {"exec-opts": []})["exec-opts"] == ["native.umask=normal", "isolation=process"]
+    assert merge(cur, {"exec-opts": None})["exec-opts"] == ["native.umask=normal", "isolation=process"]
+    assert "exec-opts" not in merge({"exec-opts": ["native.cgroupdriver=systemd"]}, {"exec-opts": None})
+    assert merge({}, {"exec-opts": ["native.cgroupdriver=cgroupfs"]}) == {"exec-opts": ["native.cgroupdriver=cgroupfs"]}
+    assert merge({"exec-opts": ["native.umask=normal"]}, {"exec-opts": ["native.cgroupdriver=cgroupfs"]})["exec-opts"] == [
+        "native.umask=normal", "native.cgroupdriver=cgroupfs"]
+
+
+def test_operator_nvidia_runtime_kept_and_missing_one_added():
+    own = {"runtimes": {"nvidia": {"path": "/opt/nvidia/bin/nvidia-container-runtime"}}}
+    assert merge(own, NVIDIA) == own
+    assert merge({"runtimes": {"crun": {"path": "crun"}}}, NVIDIA)["runtimes"]["nvidia"] == NVIDIA["runtimes"]["nvidia"]
+    assert merge(own, {}, defaults=NVIDIA) == own
+
+
+def test_defaults_only_fill_absent_keys_owned_keys_are_set():
+    logs = {"log-driver": "json-file", "log-opts": {"max-size": "100m", "max-file": "3"}}
+    cur = {"log-driver": "journald"}
+    out = merge(cur, {}, defaults=logs)
+    assert out == {"log-driver": "journald", "log-opts": {"max-size": "100m", "max-file": "3"}}
+    assert merge({}, {}, defaults=logs) == logs
+    assert merge(cur, {"log-driver": "json-file"}, defaults=logs)["log-driver"] == "json-file"  # a setting asked
+    assert needs_restart(cur, merge(cur, {}, defaults={"log-driver": "json-file"})) == []
+
+
+def test_features_entries_are_owned():
+    assert merge({"features": {"cdi": False, "x": True}}, {"features": {"cdi": True}}) == {"features": {"cdi": True, "x": True}}
+    assert merge({"features": {"cdi": True}}, {"features": {"cdi": None}}) == {}
+
+
+def test_exec_opts_entries_need_a_name():
+    with pytest.raises(DaemonJsonError) as e:
+        validate_settings({"exec-opts": ["cgroupfs"]})
+    assert "must be name=value" in str(e.value)

@@ -1,11 +1,46 @@
 """pyinfra operations nemofleet adds: each reads its own live fact and yields nothing when
 the host already matches, so a converged host reports zero changes."""
 
-import shlex
+from __future__ import annotations
 
-from pyinfra.api import StringCommand
+import io
+import posixpath
+import shlex
+from typing import Iterator
+
+from pyinfra.api import FileUploadCommand, StringCommand
 
 
 def fail_command(sentence: str) -> StringCommand:
-    """A command that fails only this host with `sentence` on stderr (reference §1.2)."""
+    """A command that fails only this host with `sentence` on stderr: pyinfra marks a host whose
+    command exits non-zero as failed and carries on with the others."""
     return StringCommand("sh", "-c", shlex.quote(f"printf '%s\\n' {shlex.quote(sentence)} >&2; exit 1"))
+
+
+def temp_path(path: str) -> str:
+    """The upload target beside `path`: same directory, so the final `mv` is a rename(2) on one
+    filesystem (atomic: readers see the old file or the new one, never half of it)."""
+    return posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
+
+
+def atomic_put(content: str | bytes, path: str, mode: str, validate: str = "", before: str = "",
+               after: str = "") -> Iterator[StringCommand | FileUploadCommand]:
+    """Commands that make `path` hold `content` with `mode`, atomically.
+
+    The parent is created with `mkdir -p` (never `install -d`, which resets an existing
+    directory's mode), the content goes to `temp_path(path)`, then `chmod` + `mv -f`.
+    Optional shell snippets, each ending in `; ` when given: `validate` checks the temp file and
+    must remove it and exit non-zero to refuse it; `before` runs just before the move (a
+    backup); `after` right after it (a reload). With any of them the last step is one
+    `sh -c 'set -e; ...'`.
+    """
+    data = content.encode() if isinstance(content, str) else content
+    tmp = temp_path(path)
+    yield StringCommand("mkdir", "-p", posixpath.dirname(path))
+    yield FileUploadCommand(io.BytesIO(data), tmp, remote_temp_filename=tmp)
+    if not (validate or before or after):
+        yield StringCommand("chmod", mode, tmp, "&&", "mv", "-f", tmp, path)
+        return
+    q = shlex.quote
+    yield StringCommand("sh", "-c", q(
+        f"set -e; {validate}{before}chmod {mode} {q(tmp)}; mv -f {q(tmp)} {q(path)}; {after}".rstrip("; ")))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import posixpath
 import shlex
 
 from pyinfra import host, logger, state
-from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
+from pyinfra.api import FactBase, StringCommand, operation
 from pyinfra.operations.util.files import generate_color_diff
+
+from . import atomic_put
 
 
 class FilesDigest(FactBase):
@@ -70,10 +70,7 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
                 old = host.get_fact(FileText, path=path).splitlines(True) if cur else []
                 for line in generate_color_diff(old, content.splitlines(True)):
                     logger.info("  %s", line)
-        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
-        yield StringCommand("mkdir", "-p", posixpath.dirname(path))  # `install -d` would reset its mode
-        yield FileUploadCommand(io.StringIO(content), tmp, remote_temp_filename=tmp)
-        yield StringCommand("chmod", mode, tmp, "&&", "mv", "-f", tmp, path)
+        yield from atomic_put(content, path, mode)
 
 
 @operation(is_idempotent=True)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import base64
 import fnmatch
 import hashlib
-import io
-import posixpath
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
+from pyinfra.api import FactBase, StringCommand, operation
 
+from . import atomic_put
 from .files import FilesDigest
 
 
@@ -100,10 +99,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     if gone:
         yield StringCommand("rm", "-f", *gone)
     for path in stale:
-        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.nemofleet-tmp")
-        yield StringCommand("mkdir", "-p", posixpath.dirname(path))
-        yield FileUploadCommand(io.BytesIO(files[path]), tmp, remote_temp_filename=tmp)
-        yield StringCommand("chmod", "0644", tmp, "&&", "mv", "-f", tmp, path)
+        yield from atomic_put(files[path], path, "0644")
     if wrong or (stale and source and source["list"] in stale):
         if changed is not None:
             changed.add(label)
