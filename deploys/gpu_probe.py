@@ -1,5 +1,5 @@
 """Diagnose the NVML "Unknown Error" trap now: a test container started the way the vLLM units
-start theirs must still see its GPU after `systemctl daemon-reload` (reference §3.3).
+start theirs must still see its GPU after `systemctl daemon-reload` (NVIDIA/nvidia-docker#1730).
 
     pyinfra -y inventories/prod.py deploys/gpu_probe.py
 

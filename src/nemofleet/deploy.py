@@ -15,8 +15,9 @@ from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, paths
 from . import settings as settings_mod
-from .desired import SECRET_KEYS, Desired, build
+from .desired import SECRET_KEYS, Desired, build, to_resolve
 from .facts.host import HostFacts
+from .facts.weights import HubCommit
 from .operations import daemon_json, docker, files, gpu_access, preflight, units, weights
 
 
@@ -56,6 +57,9 @@ def desired() -> Desired:
     s = {k: d.get(k) for k in ("models_root", "vllm_image")}
     facts = host.get_fact(HostFacts, models_root=s["models_root"] or settings_mod.BY_NAME["models_root"].default,
                           image=s["vllm_image"] or settings_mod.DEFAULT_IMAGE)
+    # a revision that is not a commit is resolved once, from the host (no query when pinned)
+    facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
+                        for e, r, v in to_resolve(d)}
     return build(host.name, d, facts, read_secrets(d), operator=operator())
 
 

@@ -13,6 +13,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
+from . import models as catalog
 from . import paths, render, versions
 from . import preflight as checks
 from . import settings as settings_mod
@@ -207,6 +208,37 @@ def audit_command(operator: str, line: str) -> str:
 # ---------------------------------------------------------------------------- build
 
 
+def to_resolve(data: dict) -> list[tuple[str, str, str]]:
+    """(endpoint, repo, revision) of every revision this host's plan names that is not a 40-hex
+    commit: deploy asks the Hub (mirror) for each once, from the host (HubCommit), and `build`
+    plans with the commit, so a release, its weights directory and a rollback name one snapshot."""
+    try:
+        s = settings_mod.parse(data)
+        model = catalog.resolve(s["model"])
+    except (settings_mod.SettingsError, catalog.UnknownModel):
+        return []
+    endpoint = (s["hf_endpoint"] or "https://huggingface.co").rstrip("/")
+    return [(endpoint, model.repo, model.revision)] if not catalog.is_commit(model.revision) else []
+
+
+def _pin_revisions(data: dict, facts: dict, d: Desired) -> dict:
+    """Host data with the model's revision replaced by the commit HubCommit resolved it to."""
+    resolved = facts.get("commits") or {}
+    if not resolved:
+        return data
+    spec = data.get("model") or settings_mod.BY_NAME["model"].default
+    spec = {"catalog": spec} if isinstance(spec, str) else dict(spec)
+    for (endpoint, repo, rev), answer in resolved.items():
+        if "sha" in answer:
+            spec["revision"] = answer["sha"]
+            d.warnings.append(f"revision {rev!r} of {repo} is {answer['sha'][:12]} on {endpoint} now; this run "
+                              f"serves that commit (pin it in group data to skip the query)")
+        else:
+            d.refusals.append(f"could not resolve revision {rev!r} of {repo}: {answer['error']}; pin the model "
+                              "revision to a 40-hex commit or fix hf_endpoint")
+    return {**data, "model": spec}
+
+
 def _settings(host: str, data: dict, d: Desired) -> settings_mod.Settings | None:
     try:
         return settings_mod.parse(data)
@@ -234,8 +266,8 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
     d = Desired(host=host, summary=checks.summary(facts))
     for part, why in sorted((facts.get("errors") or {}).items()):
         d.refusals.append(f"could not read {part} on this host: {why}")
-    s = _settings(host, data, d)
-    if s is None:
+    s = _settings(host, _pin_revisions(data, facts, d), d)
+    if s is None or d.refusals:
         return d
     d.settings = s
     verdict = checks.check(host, facts, s)

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# The one definition of the default vLLM image (seeds 000/003 ran this tag; docs/recipes.md).
+# The one definition of the default vLLM image (the tag the recipes in docs/recipes.md ran).
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 

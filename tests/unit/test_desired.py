@@ -133,3 +133,20 @@ def test_seed_key_is_restricted_to_a_read_only_rsync():
     d = desired.build("h", {}, facts(), dict(SECRETS, weights_seed_key="-----BEGIN OPENSSH X-----\nabc\n-----END",
                                               weights_seed_public_key="ssh-ed25519 AAAAC3 fleet"))
     assert d.authorized_key == 'restrict,command="/usr/bin/rrsync -ro /srv/nemofleet/models" ssh-ed25519 AAAAC3 fleet'
+
+
+def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():
+    data = {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "main"}, "hf_endpoint": "http://m:8090"}
+    key = ("http://m:8090", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", "main")
+    assert desired.to_resolve(data) == [key]
+    assert desired.to_resolve(CASES["h200-1x-cdi"][1]) == []  # pinned: no query
+    f = facts()
+    f["commits"] = {key: {"sha": REV}}
+    d = desired.build("h", data, f, SECRETS)
+    assert d.ok and d.plan.model.revision == REV and all(x.revision == REV for x in d.downloads)
+    assert any("is 0123456789ab on http://m:8090 now" in w for w in d.warnings)
+    other = desired.build("h", data, dict(f, commits={key: {"sha": "f" * 40}}), SECRETS)
+    assert other.release_id != d.release_id  # a new commit is a new release
+    f["commits"] = {key: {"error": "http://m:8090 is unreachable from the host (refused)"}}
+    bad = desired.build("h", data, f, SECRETS)
+    assert not bad.ok and "could not resolve revision 'main'" in bad.refusals[0] and not bad.units

@@ -100,6 +100,16 @@ if mode == "full":
         if h.hexdigest() != etag and s not in out["truncated"]:
             out["truncated"].append(s)
 out["complete"] = not (out["missing"] or out["truncated"])
+# which commit the files are of: line 1 of huggingface_hub's local-dir metadata per file. A copy
+# from a peer (or by hand) is trusted as `rev` only when every shard and config.json say so.
+commits = set()
+for s in shards + ["config.json"]:
+    try:
+        commits.add(open(os.path.join(cache, s + ".metadata")).read().split("\n")[0].strip())
+    except OSError:
+        commits.add(None)
+out["commit_ok"] = commits == {rev}
+out["other_commits"] = sorted(c for c in commits if c and c != rev)
 if mode in ("write", "full"):
     if not out["complete"]:
         emit(1, "weights in %s are incomplete after download: missing %s, truncated %s" % (
@@ -153,6 +163,10 @@ for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
     except Exception:
         pass
     meta["complete"] = os.path.exists(os.path.join(d, ".nemofleet-complete"))
+    try:
+        meta["revision"] = json.load(open(os.path.join(d, ".nemofleet-complete")))["revision"]
+    except Exception:
+        meta["revision"] = None
     out[name] = meta
 print(json.dumps(out, sort_keys=True))
 '''
@@ -168,3 +182,44 @@ print(json.dumps(out, sort_keys=True))
             return json.loads("\n".join(output))
         except ValueError:
             return {}
+
+
+class HubCommit(FactBase):
+    """The 40-hex commit a branch or tag names on the Hub (or its mirror), asked from the host
+    (the host, not the controller, reaches the mirror): {"sha"} or {"error": sentence}.
+    Only read when a revision is not pinned to a commit; bounded to 20 s."""
+
+    SCRIPT = r'''
+import json, os, sys, urllib.error, urllib.parse, urllib.request
+endpoint, repo, rev = sys.argv[1:4]
+headers = {"User-Agent": "nemofleet"}
+if os.path.exists("/etc/nemofleet/hf.env"):
+    for line in open("/etc/nemofleet/hf.env"):
+        if line.startswith("HF_TOKEN="):
+            headers["Authorization"] = "Bearer " + line.split("=", 1)[1].strip()
+url = "%s/api/models/%s/revision/%s" % (endpoint, repo, urllib.parse.quote(rev, safe=""))
+try:
+    sha = json.load(urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=15))["sha"]
+    print(json.dumps({"sha": sha}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"error": "%s has no revision %s on %s (HTTP %d)" % (repo, rev, endpoint, e.code)}))
+except Exception as e:
+    print(json.dumps({"error": "%s is unreachable from the host (%s)" % (endpoint, getattr(e, "reason", e))}))
+'''
+
+    def command(self, endpoint: str, repo: str, revision: str) -> str:
+        return ("timeout 20 python3 -c " + shlex.quote(self.SCRIPT) + " " + " ".join(
+            shlex.quote(x) for x in (endpoint, repo, revision))
+            + " 2>/dev/null || echo '{\"error\": \"the Hub query did not finish within 20 s\"}'")
+
+    def process(self, output):
+        for line in reversed(output):
+            try:
+                out = json.loads(line)
+            except ValueError:
+                continue
+            sha = out.get("sha")
+            if isinstance(sha, str) and len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+                return {"sha": sha}
+            return {"error": str(out.get("error") or f"unexpected answer {line[:80]!r}")}
+        return {"error": "no answer from the Hub query"}

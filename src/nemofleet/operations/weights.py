@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from .. import paths
-from ..facts.weights import WeightsStatus, check_command
+from ..facts.weights import MARKER, WeightsStatus, check_command
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
 SEED_KEY = paths.SEED_KEY
@@ -76,13 +76,15 @@ def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
         f"if rsync -a --partial --timeout=120 --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
         f"then echo 'seeded {directory} from {seed['host']}'; "
         f"else echo 'seeding from {seed['host']} failed; falling back to the Hugging Face mirror' >&2; fi",
-        f"if {check_command(directory, revision, 'check')} 2>/dev/null | grep -q '\"complete\": true'; then "
-        "echo 'peer copy is complete: no download needed'; exit 0; fi",
+        # the peer's files count only when they are complete AND of this commit (HF metadata)
+        f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
+        "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
+        "echo 'peer copy is complete and of this commit: no download needed'; exit 0; fi",
     ]
 
 
 def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes,
-                    seed: dict | None = None) -> str:
+                    seed: dict | None = None, link_from: str | None = None) -> str:
     unit = DOWNLOAD_PREFIX + slug(directory)
     q = shlex.quote
     envs = ["-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_XET_HIGH_PERFORMANCE=1"]
@@ -98,6 +100,9 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         "set -e",
         # a download from an earlier run may still be going (it survives SSH): wait for it
         f"while systemctl is-active -q {unit}; do sleep 5; done",
+        *([f"if [ ! -e {q(directory)} ]; then cp -al {q(link_from)} {q(directory + '.nemofleet-link')} && "
+           f"rm -f {q(directory + '.nemofleet-link/' + MARKER)} && mv {q(directory + '.nemofleet-link')} {q(directory)}; fi"]
+          if link_from else []),
         f"mkdir -p {q(directory)}",
         *(seed_lines(seed, directory, revision) if seed else []),
         f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
@@ -115,27 +120,47 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
 
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
-          token_file: str | None = None, full_verify: bool = False, seed: dict | None = None):
-    """Weights of repo@revision complete in `directory` (completion marker written last)."""
+          token_file: str | None = None, full_verify: bool = False, seed: dict | None = None,
+          link_from: str | None = None):
+    """Weights of repo@revision complete in `directory` (completion marker written last).
+
+    The marker names the revision it was written for, and files copied in (from a peer, by hand,
+    or hard-linked from another commit's directory) count only when huggingface_hub's metadata says
+    they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`: a
+    complete directory of another commit of the same repo whose files are hard-linked in first,
+    so `hf download` fetches only what changed between the two commits."""
     status = host.get_fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
-    if status and status["complete"] and (status["marker"] or full_verify):
-        if full_verify and not status["marker"]:
-            yield check_command(directory, revision, "write")
-            return
+    if status and status["complete"] and status["marker"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
         return
-    if status and status["complete"]:
+    pinned = is_commit(revision)
+    if status and status["complete"] and (status.get("commit_ok") or not pinned):
         # complete but unmarked (seeded from a peer, or downloaded by hand): verify and mark only
         yield check_command(directory, revision, "write")
         return
     files: list[str] = []
     cleanup: list[str] = []
     if status and status["exists"] and "model.safetensors.index.json" not in status["missing"] \
-            and not any(m.startswith("tokenizer") for m in status["missing"]):
+            and not any(m.startswith("tokenizer") for m in status["missing"]) and not status.get("other_commits"):
         files = sorted(set(status["missing"]) | set(status["truncated"]))
         cleanup = sorted(status["truncated"])
+    linked = link_from if link_from and not (status and status["exists"]) else None
     yield StringCommand("sh", "-c", shlex.quote(download_script(
         repo, revision, directory, image, endpoint, token_file, files, cleanup,
-        (status or {}).get("present_bytes", 0), seed=seed)))
+        (status or {}).get("present_bytes", 0), seed=seed, link_from=linked)))
     yield check_command(directory, revision, "write")
 
+
+def is_commit(revision: str) -> bool:
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+
+
+@operation(is_idempotent=True)
+def pruned(directories: list[str]):
+    """Remove weights directories no release on this host uses any more (gate nothing: an
+    empty list changes nothing)."""
+    if not directories:
+        host.noop("no unused weights directory")
+        return
+    for d in directories:
+        yield StringCommand("rm", "-rf", "--one-file-system", d)

@@ -24,7 +24,7 @@ SIM = "/opt/nemofleet-sim"
 VERSION_DIR = "/usr/lib/nemofleet-sim"
 TOOLKIT_VERSIONS = ["1.17.8-1", "1.18.0-1", "1.18.1-1"]
 DRIVERS = {"570": ["570.124.06-0ubuntu1"], "580": ["580.95.05-0ubuntu1", "580.159.04-0ubuntu1"]}
-CUDA = {"570": "12.8", "580": "13.0"}  # the CUDA version each branch reports (reference §2.3)
+CUDA = {"570": "12.8", "580": "13.0"}  # the CUDA version each branch reports (NVIDIA CUDA release notes, docs/recipes.md)
 ARCH = "amd64"
 KEY_NAME = "nemofleet testbed NVIDIA repository <apt@testbed.invalid>"
 

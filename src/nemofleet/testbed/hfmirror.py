@@ -1,7 +1,7 @@
 """A small Hugging Face Hub mirror for the testbed (stdlib only).
 
 Serves repos from a directory through the real Hub endpoints `hf download` uses
-(reference.md §5.4): revision info (id, sha, siblings), the tree listing, HEAD/GET
+(what huggingface_hub needs of an HF_ENDPOINT): revision info (id, sha, siblings), the tree listing, HEAD/GET
 resolve with X-Repo-Commit, ETag, Content-Length and Range. Every request is appended to
 a log so tests can count exactly what a run asked for.
 

@@ -136,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
             r_tokens = 48 if thinking else 0
             content, finish = "391. The product is (17 x 20) + (17 x 3) = 391.", "stop"
             if thinking and max_tokens <= r_tokens:
-                content, finish = None, "length"  # reasoning starved the answer (seed 000 §3)
+                content, finish = None, "length"  # reasoning starved the answer (docs/recipes.md, max_tokens)
             msg = {"role": "assistant", "content": content, "reasoning": reasoning,
                    "reasoning_content": reasoning, "tool_calls": []}
             return self.send(200, {
