@@ -243,7 +243,7 @@ def _settings(host: str, data: dict, d: Desired) -> settings_mod.Settings | None
     try:
         return settings_mod.parse(data)
     except settings_mod.SettingsError as exc:
-        d.refusals += [f"setting {p}" if p.startswith("unknown") else p for p in exc.problems]
+        d.refusals += exc.problems
         return None
 
 
