@@ -78,7 +78,7 @@ def configure_host(want: Desired) -> set:
     """Returns the set of daemon.json keys this run changes (filled in as the op executes)."""
     daemon_changed: set = set()
     daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
-                           desired=want.daemon_json, changed=daemon_changed)
+                           desired=want.daemon_json, defaults=want.daemon_json_defaults, changed=daemon_changed)
     if want.host_files:
         host_changed: set = set()
         files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=want.host_files,

@@ -53,7 +53,8 @@ class Desired:
     settings: settings_mod.Settings | None = None
     plan: Plan | None = None
     # host configuration
-    daemon_json: dict = field(default_factory=dict)
+    daemon_json: dict = field(default_factory=dict)  # keys nemofleet owns
+    daemon_json_defaults: dict = field(default_factory=dict)  # keys written only when absent
     host_files: FileMap = field(default_factory=dict)  # Docker proxy drop-in, /dev/char rule
     secret_files: FileMap = field(default_factory=dict)
     secret_dirs: dict = field(default_factory=dict)
@@ -99,10 +100,9 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> di
     for key, name in (("docker_registry_mirrors", "registry-mirrors"), ("docker_insecure_registries", "insecure-registries")):
         if s[key] is not None:
             desired[name] = s[key] or None
-    if s["docker_log_driver"]:
-        desired["log-driver"] = s["docker_log_driver"]
-    if s["docker_log_opts"] is not None:
-        desired["log-opts"] = s["docker_log_opts"]
+    for key, name in (("docker_log_driver", "log-driver"), ("docker_log_opts", "log-opts")):
+        if s[key] and s[key] != settings_mod.BY_NAME[key].default:
+            desired[name] = s[key]  # the operator asked for it: owned
     exec_opts = s["docker_exec_opts"]
     if exec_opts is None and p is not None and p.docker_exec_opts:
         exec_opts = p.docker_exec_opts
@@ -111,6 +111,16 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> di
     if p is not None and p.gpu_method == "cdi" and versions.major(facts["docker"].get("server")) < 28:
         desired["features"] = {"cdi": True}  # CDI is on by default from Docker 28.3 (docs/recipes.md)
     return desired
+
+
+def docker_defaults(s: settings_mod.Settings) -> dict:
+    """daemon.json keys written only where the file lacks them: an operator's own log driver
+    or log options are kept (and Docker is not restarted for them)."""
+    out = {}
+    for key, name in (("docker_log_driver", "log-driver"), ("docker_log_opts", "log-opts")):
+        if s[key] and s[key] == settings_mod.BY_NAME[key].default:
+            out[name] = s[key]
+    return out
 
 
 def gpu_access_signature(p: Plan, facts: dict, daemon: dict) -> str:
@@ -274,9 +284,10 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
     d.refusals += verdict.refusals
     d.warnings += verdict.warnings
     d.daemon_json = docker_settings(s, verdict.plan, facts)
+    d.daemon_json_defaults = docker_defaults(s)
     try:
         from .operations.daemon_json import DaemonJsonError, validate_settings
-        validate_settings(d.daemon_json)
+        validate_settings({**d.daemon_json_defaults, **d.daemon_json})
     except DaemonJsonError as exc:
         d.refusals.append(str(exc))
     if facts["daemon_json"]["data"] is None:

@@ -55,7 +55,8 @@ CASES = {
 def dump(d: desired.Desired) -> str:
     """Everything a run would make true, as one reviewable text."""
     out = [f"# host {d.host}", f"refusals: {d.refusals}", f"warnings: {d.warnings}",
-           f"daemon.json: {json.dumps(d.daemon_json, sort_keys=True)}", f"release: {d.release_id}",
+           f"daemon.json: {json.dumps(d.daemon_json, sort_keys=True)}",
+           f"daemon.json if absent: {json.dumps(d.daemon_json_defaults, sort_keys=True)}", f"release: {d.release_id}",
            f"image: {d.image} archive: {d.image_archive}", f"cdi: {d.cdi_command}", f"networks: {d.networks}",
            f"attached: {json.dumps(d.attached, sort_keys=True)}", f"absent: {d.absent}",
            f"probe: {d.gpu_probe.gpu_args if d.gpu_probe else None} {d.gpu_probe.signature if d.gpu_probe else ''}"]
