@@ -1,8 +1,7 @@
-"""GPU architectures and the vLLM features each one supports.
+"""GPU architectures, the catalog of GPU classes, and which of a host's GPUs the plan may use.
 
-One table, one row per architecture. Every rule cites where it comes from:
-seed 000 (Lightning NVFP4 on 1x A100 80 GB, vLLM v0.27.1), seed 003 (vLLM day-one
-recipe for Lightning on H100, incl. the Hopper-only backends) and reference.md §9.4.
+Architecture rows hold only what is true of the GPU for every model (native FP4, default batch
+sizes); flags that belong to one model's recipe live in recipes.py. Sources: docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -10,47 +9,58 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+MIB = 1024**2
+GIB = 1024**3
+
 
 @dataclass(frozen=True)
 class Arch:
     name: str  # ampere, ada, hopper, blackwell
     sm: int  # 80, 89, 90, 100
-    # seed 003 + reference §9.4: the Humming MoE/linear backends are Hopper-optimised
-    # (~20% over Marlin); A100 "falls back to default/Marlin" (seed 000 §1).
-    humming: bool
-    # seed 003: --async-scheduling belongs to the Hopper recipe; seed 000 lists it among
-    # the H100-only optimisations unavailable on A100.
-    async_scheduling: bool
-    # reference §9.4 (FlashInfer 0.7.2): horizontal SSU is OK on SM90 without speculative
-    # decoding; MTP/DFlash/DSpark with horizontal "require SM100+". A100: simple/auto only.
-    ssu_horizontal: bool
-    ssu_horizontal_with_spec: bool
-    # reference §9.4: NVFP4 is native on SM100; below that it runs weight-only (W4A16)
-    # through Marlin or Humming.
+    # NVFP4 runs natively (FP4 tensor cores) only from sm100; below that vLLM runs it
+    # weight-only (W4A16: Marlin/Humming dequantise to BF16). docs/recipes.md#nvfp4-below-blackwell
     native_fp4: bool
-    # seed 003 (Hopper recipe) enables stochastic rounding of the fp16 Mamba cache;
-    # seed 000 (A100) does not. reference §9.4: flashinfer only below SM100.
-    stochastic_rounding: bool
-    # reference §9.3: default batch sizes per GPU; we set them explicitly because
-    # 1024 seqs can exceed the Mamba cache blocks of hybrid models (vllm#49064).
+    # Batch sizes set explicitly, because vLLM's per-GPU defaults (up to 1024 sequences) can
+    # exceed the Mamba cache blocks of hybrid models (vllm#49064). docs/recipes.md#batch-sizes
     default_max_num_seqs: int
     default_max_num_batched_tokens: int
 
 
 ARCHS: dict[str, Arch] = {
-    # seed 000: 32 seqs / 16384 batched tokens, verified on 1x A100 80 GB.
-    "ampere": Arch("ampere", 80, False, False, False, False, False, False, 32, 16384),
-    "ada": Arch("ada", 89, False, False, False, False, False, False, 32, 16384),
-    # seed 003: 256 seqs / 32768 batched tokens on H100.
-    "hopper": Arch("hopper", 90, True, True, True, False, False, True, 256, 32768),
-    "blackwell": Arch("blackwell", 100, False, True, True, True, True, True, 256, 32768),
+    # docs/recipes.md#lightning-a100: 32 sequences / 16384 batched tokens on 1x A100 80 GB
+    "ampere": Arch("ampere", 80, False, 32, 16384),
+    "ada": Arch("ada", 89, False, 32, 16384),
+    # docs/recipes.md#lightning-h100: 256 sequences / 32768 batched tokens on 1x H100
+    "hopper": Arch("hopper", 90, False, 256, 32768),
+    "blackwell": Arch("blackwell", 100, True, 256, 32768),
 }
 
-# reference §2.1: used when the driver does not report compute_cap (470 drivers).
+
+@dataclass(frozen=True)
+class GpuClass:
+    """A GPU model the planner knows, used to say on which shapes a refused model would run."""
+    label: str  # as shown to operators: "A100 80 GiB"
+    name: str  # as nvidia-smi reports it
+    memory_mib: int
+    cc: str
+
+
+# Memory as nvidia-smi reports it (MiB); H200's figure was read on a real H200.
+GPU_CLASSES = [
+    GpuClass("A10G 22 GiB", "NVIDIA A10G", 23028, "8.6"),
+    GpuClass("L40S 45 GiB", "NVIDIA L40S", 46068, "8.9"),
+    GpuClass("A100 40 GiB", "NVIDIA A100-SXM4-40GB", 40960, "8.0"),
+    GpuClass("A100 80 GiB", "NVIDIA A100-SXM4-80GB", 81920, "8.0"),
+    GpuClass("H100 80 GiB", "NVIDIA H100 80GB HBM3", 81559, "9.0"),
+    GpuClass("H200 140 GiB", "NVIDIA H200", 143771, "9.0"),
+    GpuClass("B200 179 GiB", "NVIDIA B200", 183359, "10.0"),
+]
+
+# Used when the driver does not report compute_cap (470 drivers).
 # Older drivers drop the "NVIDIA " prefix, so the names are matched as regexes.
 NAME_TO_CC = [
     (re.compile(r"\bA100\b", re.I), "8.0"),
-    (re.compile(r"\bA10\b|\bA40\b|\bA30\b|RTX A\d+", re.I), "8.6"),
+    (re.compile(r"\bA10G?\b|\bA40\b|\bA30\b|RTX A\d+", re.I), "8.6"),
     (re.compile(r"\bL40S?\b|\bL4\b|RTX 40\d\d", re.I), "8.9"),
     (re.compile(r"\bH100\b|\bH200\b|\bH800\b|GH200", re.I), "9.0"),
     (re.compile(r"\bB200\b|\bB300\b|GB200|GB300", re.I), "10.0"),
@@ -88,7 +98,62 @@ def arch_for_cc(cc: str) -> Arch:
     )
 
 
+def arch_of(gpu) -> Arch:
+    cc = gpu.cc or cc_for_name(gpu.name)
+    if cc is None:
+        raise UnsupportedGpu(f"cannot tell the compute capability of {gpu.name}; use a driver that reports compute_cap")
+    return arch_for_cc(cc)
+
+
 def short_name(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'H100'."""
-    m = re.search(r"\b([ABHL]\d{2,3}S?|GH200|GB[23]00)\b", name)
+    m = re.search(r"\b([ABHL]\d{2,3}[SG]?|GH200|GB[23]00)\b", name)
     return m.group(1) if m else name.replace("NVIDIA ", "")
+
+
+def label(gpu) -> str:
+    """'H100 80 GiB': the unit operators compare with the plan's GiB figures."""
+    return f"{short_name(gpu.name)} {gpu.memory_mib * MIB / GIB:.0f} GiB"
+
+
+def select(gpus: list, wanted: list | None) -> tuple[list, list[str]]:
+    """The GPUs the plan may use, and a warning per GPU left out.
+
+    `wanted` (the `gpus` setting) lists indices or UUIDs; None means every GPU without MIG.
+    MIG-enabled GPUs cannot be given whole to vLLM, so they are left out with a warning,
+    or refused when named explicitly. Raises UnsupportedGpu with one sentence."""
+    if wanted is None:
+        chosen = list(gpus)
+    else:
+        chosen = []
+        for ref in wanted:
+            match = [g for g in gpus if (g.index == ref if isinstance(ref, int) else g.uuid == ref)]
+            if not match:
+                have = ", ".join(str(g.index) for g in gpus)
+                raise UnsupportedGpu(f"gpus names {ref!r}, which this host does not have (GPU indices {have}, or their UUIDs)")
+            if match[0] in chosen:
+                raise UnsupportedGpu(f"gpus names GPU {match[0].index} twice")
+            chosen.append(match[0])
+        chosen.sort(key=lambda g: g.index)
+    mig = [g for g in chosen if g.mig == "Enabled"]
+    if mig and wanted is not None:
+        g = mig[0]
+        raise UnsupportedGpu(f"gpus selects GPU {g.index}, which has MIG enabled; run nvidia-smi -i {g.index} -mig 0 "
+                             "and reset it, or leave it out of gpus")
+    warnings = [f"GPU {g.index} ({g.uuid}) has MIG enabled and is left out of the plan (vLLM needs whole GPUs); "
+                f"run nvidia-smi -i {g.index} -mig 0 and reset it to serve on it" for g in mig]
+    usable = [g for g in chosen if g.mig != "Enabled"]
+    if not usable:
+        which = ", ".join(str(g.index) for g in mig)
+        raise UnsupportedGpu(f"MIG is enabled on GPU {which}, every GPU of this host, and vLLM needs whole GPUs; "
+                             f"run nvidia-smi -i {mig[0].index} -mig 0 and reset it")
+    return usable, warnings
+
+
+def groups(gpus: list) -> list[list]:
+    """GPUs grouped by model (name and memory), in index order: each group is planned on its own,
+    since TP groups and flags must not span GPU models."""
+    out: dict[tuple, list] = {}
+    for g in gpus:
+        out.setdefault((g.name, g.memory_mib), []).append(g)
+    return sorted(out.values(), key=lambda grp: grp[0].index)

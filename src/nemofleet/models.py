@@ -1,9 +1,11 @@
 """Model catalog: what nemofleet knows about each Nemotron checkpoint.
 
-Figures come from the seeds: 000 (Lightning NVFP4: ~21.6 GB, 52 shards, NemotronHForCausalLM),
-003 (Lightning BF16/NVFP4, MTP/DFlash/DSpark draft repos), 004 (Super VL 120B-A12B: 231.8 GB
-index total, KV 8-11 KB/token, Mamba state ~0.2 GB/sequence, 400 GB total "safe line",
-ultra_v3 parser shipped in the repo, MTP with 1 speculative token, mm limits) and 002/Nano.
+Every figure is quoted with its public source in docs/recipes.md: Lightning NVFP4 ~21.6 GB in
+52 shards, NemotronHForCausalLM (#lightning-a100); Lightning BF16/NVFP4, 30B total / 3B active,
+MTP/DFlash/DSpark draft repos (#lightning-h100); Super VL 120B-A12B: 231.8 GB index total,
+KV 8-11 KB/token, Mamba state ~0.2 GB/sequence, ultra_v3 parser shipped in the repo, MTP with 1
+speculative token, mm limits (#super-vl); Nano (#nano). The flags each model gets per GPU
+architecture are in recipes.py, not here.
 
 When the weights are on the host, the model's own config.json and
 model.safetensors.index.json override the catalog (see `Model.with_local_meta`).
@@ -34,12 +36,22 @@ class Model:
     architecture: str
     served_name: str
     max_context: int
-    # KV cache: only the attention layers of the hybrid keep one (reference §9, seed 004)
+    # KV cache: only the attention layers of the hybrid keep one (docs/recipes.md#memory-model)
     attention_layers: int
     kv_heads: int
     head_dim: int
     # Mamba-2 SSM state per sequence, fp32 (halved with --mamba-ssm-cache-dtype float16)
     mamba_state_bytes_fp32: int
+    # parameters computed per token (MoE: the active experts); 0 = dense, every parameter.
+    # Activations scale with these, not with the total (docs/recipes.md#memory-model).
+    active_params: int = 0
+    # recipe family: which rows of recipes.RECIPES apply (lightning | nano | super-vl | generic)
+    family: str = "generic"
+    # the same model at the other precision (NVFP4 <-> BF16), offered when one fits better
+    variant: str | None = None
+    # how TP is chosen when tensor_parallel_size is unset: smallest (most instances) or largest
+    # (one instance over the GPUs); docs/recipes.md#parallelism
+    tp_policy: str = "smallest"
     moe: bool = True
     hybrid: bool = True
     reasoning_parser: str | None = None
@@ -51,14 +63,10 @@ class Model:
     default_spec_tokens: int = 3
     archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell")
     multimodal_limits: dict[str, int] | None = None
-    min_total_bytes: int = 0  # seed 004: the "safe line" for the whole deployment
+    min_total_bytes: int = 0  # optional floor for the whole deployment (generic models)
     trust_remote_code: bool = True
-    default_context: int = 131072  # seed 000: 131072 is stable on 80 GB
-    default_speculative: str | None = None  # seed 000: max throughput -> no speculation
-    # seeds 000/003: --mamba-backend flashinfer --mamba-ssm-cache-dtype float16 for Lightning;
-    # seed 004 leaves both at their defaults for Super VL.
-    mamba_backend: str | None = None
-    mamba_ssm_cache_dtype: str | None = None
+    default_context: int = 131072  # docs/recipes.md#lightning-a100: 131072 is stable on 80 GB
+    default_speculative: str | None = None  # docs/recipes.md#lightning-a100: max throughput, no speculation
     draft_bytes: int = 2 * 10**9  # DFlash/DSpark draft checkpoints, order of magnitude
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
@@ -94,10 +102,10 @@ _LIGHTNING = dict(
     max_context=1_048_576,
     attention_layers=6, kv_heads=2, head_dim=128,
     mamba_state_bytes_fp32=50 * 10**6,
+    active_params=3 * 10**9,  # docs/recipes.md#lightning-h100: 30B total, 3B active per token
+    family="lightning",
     reasoning_parser="nemotron_v3",
     tool_call_parser="qwen3_coder",
-    mamba_backend="flashinfer",
-    mamba_ssm_cache_dtype="float16",
     speculative=("mtp", "dflash", "dspark"),
     drafts={
         "dflash": Draft("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4-DFlash"),
@@ -110,14 +118,18 @@ _SUPER_VL = dict(
     weight_bytes=int(231.8 * GB),
     architecture="NemotronH_Nano_VL_V2",
     max_context=1_048_576,
-    attention_layers=10, kv_heads=2, head_dim=128,  # ~10 KB/token in BF16 (seed 004: 8-11)
-    mamba_state_bytes_fp32=200 * 10**6,  # seed 004: ~0.2 GB per sequence
+    # 8 KiB/token in BF16: the low end of the published 8-11 KB, which the published
+    # "256K context ~ 2 GB per sequence" pins (docs/recipes.md#super-vl); config.json overrides it
+    attention_layers=8, kv_heads=2, head_dim=128,
+    mamba_state_bytes_fp32=200 * 10**6,  # docs/recipes.md#super-vl: ~0.2 GB per sequence
+    active_params=12 * 10**9,  # docs/recipes.md#super-vl: 120B total, 12B active
+    family="super-vl",
+    tp_policy="largest",  # docs/recipes.md#super-vl: "8 cards on one host with TP=8 to start"
     speculative=("mtp",),
     default_spec_tokens=1,
     multimodal_limits={"image": 8, "video": 2},
-    min_total_bytes=400 * GB,
-    default_context=262144,  # seed 004
-    default_speculative="mtp",  # seed 004: built-in MTP head, 1 token
+    default_context=262144,  # docs/recipes.md#super-vl
+    default_speculative="mtp",  # docs/recipes.md#super-vl: built-in MTP head, 1 token
 )
 
 CATALOG: dict[str, Model] = {
@@ -127,13 +139,13 @@ CATALOG: dict[str, Model] = {
             key="nemotron-3.5-lightning-nvfp4",
             repo="nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4",
             revision="main", precision="nvfp4", weight_bytes=int(21.6 * GB),
-            served_name="nemotron-3.5-lightning", **_LIGHTNING,
+            served_name="nemotron-3.5-lightning", variant="nemotron-3.5-lightning-bf16", **_LIGHTNING,
         ),
         Model(
             key="nemotron-3.5-lightning-bf16",
             repo="nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16",
             revision="main", precision="bf16", weight_bytes=int(63.2 * GB),
-            served_name="nemotron-3.5-lightning", **_LIGHTNING,
+            served_name="nemotron-3.5-lightning", variant="nemotron-3.5-lightning-nvfp4", **_LIGHTNING,
         ),
         Model(
             key="nemotron-3.5-super-vl-base-bf16",
@@ -157,8 +169,11 @@ CATALOG: dict[str, Model] = {
             architecture="NemotronHForCausalLM", served_name="nemotron-3-nano",
             max_context=1_048_576, attention_layers=6, kv_heads=2, head_dim=128,
             mamba_state_bytes_fp32=50 * 10**6,
-            reasoning_parser="nemotron_v3", tool_call_parser="qwen3_coder",
-            mamba_backend="flashinfer", mamba_ssm_cache_dtype="float16",
+            active_params=3_500_000_000,  # docs/recipes.md#nano: 3.5B active of 30B
+            family="nano",
+            # docs/recipes.md#nano: the parser ships in the model repository as a plugin
+            reasoning_parser="nano_v3", reasoning_parser_plugin="nano_v3_reasoning_parser.py",
+            tool_call_parser="qwen3_coder",
         ),
     ]
 }

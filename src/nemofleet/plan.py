@@ -1,8 +1,18 @@
-"""The serving plan: a pure function from (host facts, host data) to vLLM instances.
+"""The serving plan: a pure function from (host facts, host settings) to vLLM instances.
 
 Deploy code and templates only render a Plan; every decision is made here, so it can be
 unit-tested without hosts and printed by `nemofleet plan` before hardware exists.
 A plan either succeeds completely or raises PlanError with one sentence: never half a plan.
+
+How a plan is made (docs/recipes.md explains each choice and its source):
+1. settings.parse fills and checks the host data; the model comes from the catalog.
+2. GPUs: MIG-enabled ones are left out (a warning), `gpus` picks some explicitly, and each GPU
+   model on the host is planned on its own.
+3. Per GPU model: for each TP size the flags (recipes.py) and the memory (memory.py) are
+   computed; the TP is `tensor_parallel_size`, or the smallest/largest that fits
+   (`tensor_parallel_policy`, default: the model's recipe), and the choice is explained.
+4. A model that fits nowhere is refused with need vs available in GiB, the GPU shapes this
+   planner would accept with these settings, and the setting changes that make it fit here.
 """
 
 from __future__ import annotations
@@ -13,24 +23,19 @@ import re
 from dataclasses import dataclass, field
 
 from . import gpus as gpu_table
+from . import memory as mem_model
 from . import models as catalog
-from . import vllm_flags
+from . import recipes, settings, versions, vllm_flags
+from .memory import Memory
 
 GIB = 1024**3
 MIB = 1024**2
-DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 CONTAINER_PORT = 8000
 TP_SIZES = (1, 2, 4, 8)
-# reference §9 / seed 004: activations, logits (131072 vocab), CUDA graphs; NCCL buffers
-# for expert parallelism when TP > 1. Fraction of the per-GPU weights.
-RESERVE_TP1 = 0.15
-RESERVE_TPN = 0.20
-CUDA_CONTEXT_BYTES = int(1.5 * GIB)
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
-# Reference GPU classes used to say what *would* fit a model that does not fit here.
-REFERENCE_GPUS = [
-    ("H200", 143771 * MIB), ("B200", 183359 * MIB), ("H100", 81559 * MIB), ("A100 80 GB", 81920 * MIB),
-]
+__all__ = ["CONTAINER_PORT", "GIB", "Gpu", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
+           "effective_cgroup_driver", "gpus_from_facts"]
 
 
 class PlanError(ValueError):
@@ -50,23 +55,6 @@ class Gpu:
 
 
 @dataclass
-class Memory:
-    weights: int
-    kv: int
-    mamba: int
-    reserve: int
-    draft: int
-    available: int  # util x GPU memory, per GPU
-
-    @property
-    def need(self) -> int:
-        return self.weights + self.kv + self.mamba + self.reserve + self.draft
-
-    def summary(self) -> str:
-        return f"{self.need / GIB:.1f}/{self.available / GIB:.1f} GiB per GPU"
-
-
-@dataclass
 class Instance:
     name: str  # container name; unit is nemofleet-vllm-<name>.service
     gpus: list[Gpu]
@@ -77,6 +65,8 @@ class Instance:
     memory: Memory
     max_model_len: int
     max_num_seqs: int
+    arch: str = ""
+    gpu_label: str = ""  # "H100 80 GiB"
 
     @property
     def unit(self) -> str:
@@ -108,6 +98,8 @@ class Plan:
     served_name: str
     warnings: list[str] = field(default_factory=list)
     docker_exec_opts: list[str] | None = None  # daemon.json exec-opts the plan needs
+    choices: list[str] = field(default_factory=list)  # why this TP / instance count, per GPU model
+    excluded_gpus: list[int] = field(default_factory=list)  # MIG-enabled or not selected
 
     def to_dict(self) -> dict:
         return {
@@ -120,12 +112,16 @@ class Plan:
             "gpu_method": self.gpu_method,
             "served_name": self.served_name,
             "warnings": self.warnings,
+            "choices": self.choices,
+            "excluded_gpus": self.excluded_gpus,
             "instances": [
                 {
                     "name": i.name, "unit": i.unit, "gpus": [g.index for g in i.gpus],
-                    "gpu_uuids": i.gpu_uuids, "port": i.host_port, "tp": i.tp, "ep": i.ep,
+                    "gpu_uuids": i.gpu_uuids, "gpu_model": i.gpu_label, "arch": i.arch,
+                    "port": i.host_port, "tp": i.tp, "ep": i.ep,
                     "max_model_len": i.max_model_len, "max_num_seqs": i.max_num_seqs,
                     "memory_need_bytes": i.memory.need, "memory_available_bytes": i.memory.available,
+                    "full_context_seqs": i.memory.full_context_seqs, "memory": i.memory.to_dict(),
                     "args": i.args,
                 }
                 for i in self.instances
@@ -133,374 +129,470 @@ class Plan:
         }
 
 
-# ---------------------------------------------------------------------------- settings
-
-_SETTINGS = {
-    # key: (type, description) -- host.data keys the plan reads
-    "model": ((str, dict), "catalog key or model mapping"),
-    "vllm_image": (str, "image reference"),
-    "max_model_len": (int, "context length"),
-    "max_num_seqs": (int, "concurrent sequences per instance"),
-    "max_num_batched_tokens": (int, "tokens per batch"),
-    "gpu_memory_utilization": ((int, float), "fraction of each GPU's memory for vLLM"),
-    "tensor_parallel_size": (int, "GPUs per instance"),
-    "instances": (int, "vLLM instances on the host"),
-    "speculative": ((str, type(None)), "mtp | dflash | dspark | none"),
-    "num_speculative_tokens": (int, "speculative tokens"),
-    "kv_cache_dtype": ((str, type(None)), "KV cache dtype"),
-    "vllm_extra_args": (dict, "extra flags {flag: value|true}"),
-    "instance_extra_args": (dict, "extra flags per instance {instance: {flag: value|true}}"),
-    "port_base": (int, "first host port"),
-    "bind_address": (str, "address the ports are published on"),
-    "models_root": (str, "weights directory on the host"),
-    "gpu_selection": (str, "auto | cdi | gpus"),
-    "nvml_remedy": (str, "cdi | cgroupfs | none"),
-    "instance_prefix": (str, "container name prefix"),
-    "drain_seconds": (int, "vLLM --shutdown-timeout"),
-    "hf_endpoint": (str, "Hugging Face mirror URL"),
-    "image_registry_rewrite": (dict, "image prefix rewrites {prefix: replacement}"),
-}
-
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
+# ---------------------------------------------------------------------------- host-wide inputs
 
 
-def _setting(data: dict, key: str, default=None):
-    value = data.get(key, default)
-    if value is None and default is None:
-        return None
-    typ, what = _SETTINGS[key]
-    if isinstance(value, bool) and typ in (int, (int, float)):
-        raise PlanError(f"{key} ({what}) must be a number, not {value!r}")
-    if not isinstance(value, typ):
-        tname = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise PlanError(f"{key} ({what}) must be {tname}, not {value!r}")
-    return value
+@dataclass(frozen=True)
+class _Ctx:
+    """What the host's settings decide, whatever GPUs the model lands on."""
+    s: settings.Settings
+    model: catalog.Model
+    v: vllm_flags.VllmVersion
+    mml: int
+    spec: str | None
+    spec_tokens: int
+    model_path: str
+    draft_paths: dict
+    extra: tuple
 
 
-def _mem_gib(b: int) -> str:
-    return f"{b / GIB:.0f} GiB"
+class _NoFit(Exception):
+    def __init__(self, tp: int, mem: Memory, explicit: bool):
+        super().__init__(tp)
+        self.tp, self.mem, self.explicit = tp, mem, explicit
 
 
-# ---------------------------------------------------------------------------- memory
+def _parse(data) -> settings.Settings:
+    if isinstance(data, settings.Settings):
+        return data
+    try:
+        return settings.parse(data)
+    except settings.SettingsError as exc:
+        raise PlanError("; ".join(exc.problems)) from None
 
 
-def _kv_dtype_bytes(model: catalog.Model, kv_cache_dtype: str | None) -> int:
-    if kv_cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
-        return 1
-    if kv_cache_dtype == "nvfp4":
-        return 1  # plus scales; round up
-    if kv_cache_dtype in (None, "auto") and model.precision == "nvfp4":
-        return 1  # seed 000: the NVFP4 checkpoint selects an fp8_e4m3 KV cache
-    return 2
+def _context(s: settings.Settings, local_meta: dict | None) -> _Ctx:
+    try:
+        model = catalog.resolve(s["model"]).with_local_meta(local_meta)
+        v = vllm_flags.get(vllm_flags.version_of_image(s["vllm_image"]))
+    except (catalog.UnknownModel, vllm_flags.UnknownVersion) as exc:
+        raise PlanError(str(exc)) from None
+    mml = s["max_model_len"] or min(model.default_context, model.max_context)
+    if mml > model.max_context:
+        raise PlanError(f"max_model_len {mml} is above {model.key}'s maximum context of {model.max_context}")
+    spec = s["speculative"] if s["speculative"] is not None else model.default_speculative
+    spec = None if spec in (None, "none", "") else spec
+    if spec and spec not in model.speculative:
+        raise PlanError(f"speculative decoding {spec!r} is not available for {model.key} "
+                        f"(supported: {', '.join(model.speculative) or 'none'})")
+    if spec in ("dflash", "dspark") and spec not in model.drafts:
+        raise PlanError(f"speculative {spec} needs a draft checkpoint; set model.drafts.{spec}.repo")
+    draft_paths = {spec: f"/models/{catalog.local_dir_name(model.drafts[spec].repo)}"} if spec in model.drafts else {}
+    return _Ctx(s=s, model=model, v=v, mml=mml, spec=spec,
+                spec_tokens=s["num_speculative_tokens"] or model.default_spec_tokens,
+                model_path=f"/models/{catalog.local_dir_name(model.repo)}", draft_paths=draft_paths,
+                extra=tuple(_extra(s["vllm_extra_args"], "vllm_extra_args")))
 
 
-def estimate(model, tp, gpu_bytes, util, max_model_len, max_num_seqs, kv_cache_dtype, spec) -> Memory:
-    kv_shards = max(1, min(tp, model.kv_heads))
-    mamba_per_seq = model.mamba_state_bytes_fp32 // (2 if model.mamba_ssm_cache_dtype in ("float16", "bfloat16") else 1)
-    weights = model.weight_bytes // tp
-    return Memory(
-        weights=weights,
-        # vLLM must fit at least one sequence of max_model_len in the KV cache; the rest is elastic
-        kv=model.kv_bytes_per_token(_kv_dtype_bytes(model, kv_cache_dtype)) * max_model_len // kv_shards,
-        # ... and one Mamba state per max_num_seqs (vllm#49064)
-        mamba=mamba_per_seq * max_num_seqs // tp,
-        reserve=int(weights * (RESERVE_TP1 if tp == 1 else RESERVE_TPN)) + CUDA_CONTEXT_BYTES,
-        draft=(model.draft_bytes // tp) if spec in ("dflash", "dspark") else 0,
-        available=int(util * gpu_bytes),
-    )
+def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
+    """Operator flags {flag: value|true}; a flag the plan owns is refused with its setting."""
+    out = []
+    for k, val in raw.items():
+        name = vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
+        instead = recipes.owned_setting(name)
+        if instead:
+            raise PlanError(f"{where} sets {name}, which the plan decides (it must match the published port, "
+                            f"the health check and the memory budget); set {instead} instead")
+        out.append((name, None if val is True else val))
+    return out
 
 
-def _fits(model, tp, gpu_bytes, util, mml, seqs, kvd, spec) -> tuple[bool, Memory]:
-    mem = estimate(model, tp, gpu_bytes, util, mml, seqs, kvd, spec)
-    return mem.need <= mem.available and tp * gpu_bytes >= model.min_total_bytes, mem
+# ---------------------------------------------------------------------------- flags and memory
 
 
-def what_would_fit(model, util, mml, seqs, kvd, spec) -> str:
-    options = []
-    for name, size in REFERENCE_GPUS:
-        for tp in TP_SIZES:
-            if _fits(model, tp, size, util, mml, seqs, kvd, spec)[0]:
-                options.append(f"{tp}x {name}")
-                break
-    if not options:
-        return "no single host of up to 8 GPUs"
-    return " or ".join(options[:3]) + (" with TP" if any(not o.startswith("1x") for o in options[:3]) else "")
-
-
-# ---------------------------------------------------------------------------- flags
-
-
-def _flags(model, arch, v, tp, mml, util, seqs, batched, kvd, spec, spec_tokens, draft_paths,
-           model_path, drain, extra) -> list[tuple[str, object]]:
-    f: list[tuple[str, object]] = [("--served-model-name", model.served_name)]
-    if model.trust_remote_code:
+def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, more=()) -> list[tuple[str, object]]:
+    """The planned flags: settings-owned ones, then the recipe rows (recipes.py), then the
+    operator's extras, which replace a planned flag of the same name."""
+    m, s = ctx.model, ctx.s
+    f: list[tuple[str, object]] = [("--served-model-name", m.served_name)]
+    if m.trust_remote_code:
         f.append(("--trust-remote-code", None))
     if tp > 1:
         f.append(("--tensor-parallel-size", tp))
-        if model.moe:
-            # seed 004: MoE models always want expert parallelism across the TP group
+        if m.moe:  # docs/recipes.md#super-vl: MoE models shard experts across the TP group
             f.append(("--enable-expert-parallel", None))
-    f += [
-        ("--max-model-len", mml),
-        ("--gpu-memory-utilization", f"{util:.2f}"),
-        ("--max-num-seqs", seqs),
-        ("--max-num-batched-tokens", batched),
-    ]
-    if kvd:
-        f.append(("--kv-cache-dtype", kvd))
-    if model.hybrid:
-        f.append(("--enable-prefix-caching", None))
-    if arch.async_scheduling:
-        f.append(("--async-scheduling", None))
-    if model.mamba_backend:
-        f.append(("--mamba-backend", model.mamba_backend))
-    if model.moe and arch.humming:
-        f += [("--moe-backend", "humming"), ("--linear-backend", "humming")]
-    if model.moe and arch.native_fp4 and model.precision == "nvfp4":
-        # vllm#52308: TRTLLM NVFP4 MoE is corrupt on B200 for non-gated models
-        f.append(("--moe-backend", "flashinfer_cutlass"))
-    if model.mamba_backend == "flashinfer":  # --mamba-ssu-algorithm needs flashinfer
-        if (arch.ssu_horizontal and not spec) or (spec and arch.ssu_horizontal_with_spec):
-            f.append(("--mamba-ssu-algorithm", "horizontal"))
-    mcm = v.flags.get("--mamba-cache-mode")
-    if model.hybrid and mcm is not None and not mcm.deprecated and model.mamba_backend:
-        f.append(("--mamba-cache-mode", "align"))  # seeds 000/003 on v0.27.1
-    if model.mamba_ssm_cache_dtype:
-        f.append(("--mamba-ssm-cache-dtype", model.mamba_ssm_cache_dtype))
-        # reference §9.2: stochastic rounding needs an fp16 SSM cache
-        if model.mamba_ssm_cache_dtype == "float16" and arch.stochastic_rounding and model.mamba_backend == "flashinfer":
-            f += [("--enable-mamba-cache-stochastic-rounding", None), ("--mamba-cache-philox-rounds", 5)]
-    if spec:
-        sc: dict = {"method": spec, "num_speculative_tokens": spec_tokens}
-        if spec in draft_paths:
-            sc["model"] = draft_paths[spec]
+    f += [("--max-model-len", ctx.mml), ("--gpu-memory-utilization", f"{float(s['gpu_memory_utilization']):.2f}"),
+          ("--max-num-seqs", seqs), ("--max-num-batched-tokens", batched)]
+    if s["kv_cache_dtype"]:
+        f.append(("--kv-cache-dtype", s["kv_cache_dtype"]))
+    if ctx.spec:
+        sc: dict = {"method": ctx.spec, "num_speculative_tokens": ctx.spec_tokens}
+        if ctx.spec in ctx.draft_paths:
+            sc["model"] = ctx.draft_paths[ctx.spec]
         f.append(("--speculative-config", json.dumps(sc, separators=(",", ":"))))
-    if model.reasoning_parser:
-        if model.reasoning_parser_plugin:
-            f.append(("--reasoning-parser-plugin", f"{model_path}/{model.reasoning_parser_plugin}"))
-        f.append(("--reasoning-parser", model.reasoning_parser))
-    if model.tool_call_parser:
-        f += [("--tool-call-parser", model.tool_call_parser), ("--enable-auto-tool-choice", None)]
-    if model.multimodal_limits:
-        f.append(("--limit-mm-per-prompt", json.dumps(model.multimodal_limits, separators=(",", ":"))))
-    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT), ("--shutdown-timeout", drain)]
-    # operator extras last; a repeated flag replaces the planned one
+    if m.reasoning_parser:
+        if m.reasoning_parser_plugin:
+            f.append(("--reasoning-parser-plugin", f"{ctx.model_path}/{m.reasoning_parser_plugin}"))
+        f.append(("--reasoning-parser", m.reasoning_parser))
+    if m.tool_call_parser:
+        f += [("--tool-call-parser", m.tool_call_parser), ("--enable-auto-tool-choice", None)]
+    if m.multimodal_limits:
+        f.append(("--limit-mm-per-prompt", json.dumps(m.multimodal_limits, separators=(",", ":"))))
+    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT), ("--shutdown-timeout", s["drain_seconds"])]
+    planned = {n for n, _ in f}
+    f += [r for r in recipes.flags_for(m, arch.name, bool(ctx.spec), lambda n: _supported(ctx.v, n))
+          if r[0] not in planned]
+    extra = list(ctx.extra) + list(more)
     names = {n for n, _ in extra}
-    f = [(n, val) for n, val in f if n not in names] + list(extra)
-    return f
+    return recipes.ordered([(n, val) for n, val in f if n not in names] + extra)
 
 
-def _validate_flags(v: vllm_flags.VllmVersion, flags, model) -> None:
+def _supported(v: vllm_flags.VllmVersion, name: str) -> bool:
+    flag = v.flags.get(name)
+    return flag is not None and not flag.deprecated
+
+
+def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int) -> Memory:
+    """Memory of the flags as planned: dtypes are read from the final flags, so an operator's
+    extra --mamba-ssm-cache-dtype or a recipe's --kv-cache-dtype is counted as vLLM will use it."""
+    d = dict(flags)
+    return mem_model.estimate(
+        ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s["gpu_memory_utilization"]), max_model_len=ctx.mml,
+        max_num_seqs=seqs, max_num_batched_tokens=batched, kv_cache_dtype=d.get("--kv-cache-dtype"),
+        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"))
+
+
+def _validate(ctx: _Ctx, flags) -> None:
     for name, value in flags:
-        err = vllm_flags.check_arg(v, name, value)
+        err = vllm_flags.check_arg(ctx.v, name, value)
         if err:
             raise PlanError(err)
-    rp = dict(flags).get("--reasoning-parser")
-    if rp and rp not in v.reasoning_parsers and "--reasoning-parser-plugin" not in dict(flags):
-        raise PlanError(
-            f"reasoning parser {rp!r} is not registered in vLLM {v.version}; ship its plugin file "
-            "with the model and set reasoning_parser_plugin"
-        )
+    d = dict(flags)
+    rp = d.get("--reasoning-parser")
+    if rp and rp not in ctx.v.reasoning_parsers and "--reasoning-parser-plugin" not in d:
+        raise PlanError(f"reasoning parser {rp!r} is not registered in vLLM {ctx.v.version}; ship its plugin file "
+                        "with the model and set reasoning_parser_plugin")
+
+
+# ---------------------------------------------------------------------------- one GPU model
+
+
+@dataclass
+class _Layout:
+    gpus: list[Gpu]
+    arch: gpu_table.Arch
+    tp: int
+    count: int
+    seqs: int
+    batched: int
+    mem: Memory
+    choice: str
+
+
+def _viable(ctx: _Ctx, mem: Memory, tp: int, gpu_bytes: int) -> bool:
+    return mem.fits and tp * gpu_bytes >= ctx.model.min_total_bytes
+
+
+def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
+    """TP and instance count for one GPU model; raises _NoFit (with figures) or PlanError."""
+    try:
+        arch = gpu_table.arch_of(group[0])
+    except gpu_table.UnsupportedGpu as exc:
+        raise PlanError(str(exc)) from None
+    m, s, n = ctx.model, ctx.s, len(group)
+    if arch.name not in m.archs:
+        raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
+    gpu_bytes = group[0].memory_mib * MIB
+    seqs = s["max_num_seqs"] or arch.default_max_num_seqs
+    batched = s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
+    want = s["instances"]
+    tp_req = s["tensor_parallel_size"]
+    if tp_req and (tp_req > n or n % tp_req):
+        raise PlanError(f"tensor_parallel_size {tp_req} does not divide {_gpus_phrase(ctx, group)}")
+    # every TP this group allows is computed, so the choice can name the alternatives
+    sizes = sorted({t for t in TP_SIZES if t <= n and n % t == 0 and (want or 1) * t <= n} | ({tp_req} - {None}))
+    if not sizes:
+        raise PlanError(f"{want} instances of 1 GPU(s) do not fit {_gpus_phrase(ctx, group)}")
+    mems = {t: _memory(ctx, _flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched) for t in sizes}
+    fitting = [t for t in sizes if _viable(ctx, mems[t], t, gpu_bytes)]
+    if tp_req and tp_req not in fitting:
+        raise _NoFit(tp_req, mems[tp_req], explicit=True)
+    if not fitting:
+        raise _NoFit(sizes[-1], mems[sizes[-1]], explicit=False)
+    policy = s["tensor_parallel_policy"]
+    policy = m.tp_policy if policy == "recipe" else policy
+    tp = tp_req or (fitting[0] if policy == "smallest" else fitting[-1])
+    count = want or n // tp
+    if count * tp > n:
+        raise PlanError(f"{count} instances of {tp} GPU(s) do not fit {_gpus_phrase(ctx, group)}")
+    choice = _explain(ctx, group, tp, count, mems, fitting, policy)
+    _validate(ctx, _flags(ctx, arch, tp, seqs, batched))
+    return _Layout(group, arch, tp, count, seqs, batched, mems[tp], choice)
+
+
+def _gpus_phrase(ctx: _Ctx, group: list[Gpu]) -> str:
+    return f"this host's {len(group)} GPUs" if not ctx.s["gpus"] else f"the {len(group)} GPUs selected by gpus"
+
+
+def _explain(ctx: _Ctx, group, tp: int, count: int, mems: dict, fitting: list[int], policy: str) -> str:
+    """'8x H100 80 GiB: 8 x TP1 (...): each fits with N GiB headroom ...; TP2 available with ...'."""
+    mem = mems[tp]
+    if ctx.s["tensor_parallel_size"]:
+        why = f"tensor_parallel_size {tp}"
+    else:
+        source = "the model's recipe" if ctx.s["tensor_parallel_policy"] == "recipe" else "tensor_parallel_policy"
+        why = (f"the smallest TP that fits ({source}: smallest)" if policy == "smallest"
+               else f"one instance over the GPUs ({source}: largest)")
+    text = (f"{len(group)}x {gpu_table.label(group[0])}: {count} x TP{tp}, {why}; each fits with "
+            f"{mem.headroom / GIB:.1f} GiB headroom per GPU ({mem.summary()}) and its KV cache holds "
+            f"{mem.full_context_seqs} full {ctx.mml}-token sequences at once for max_num_seqs "
+            f"{ctx.s['max_num_seqs'] or gpu_table.arch_of(group[0]).default_max_num_seqs}")
+    others = [f"TP{t} with tensor_parallel_size: {t} ({mems[t].headroom / GIB:.1f} GiB headroom)"
+              for t in fitting if t != tp]
+    small = [f"TP{t} does not fit ({mems[t].summary()}{_seqs_hint(ctx, group, t)})"
+             for t in mems if t < tp and t not in fitting]
+    return "; ".join([text] + ([f"also possible: {', '.join(others)}"] if others else []) + small)
+
+
+def _seqs_hint(ctx: _Ctx, group, tp: int) -> str:
+    """', it would with max_num_seqs: N' when fewer sequences (less Mamba state) make `tp` fit."""
+    arch = gpu_table.arch_of(group[0])
+    seqs = ctx.s["max_num_seqs"] or arch.default_max_num_seqs
+    batched = ctx.s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
+    gpu_bytes = group[0].memory_mib * MIB
+    for c in _halves(seqs, 1):
+        if _viable(ctx, _memory(ctx, _flags(ctx, arch, tp, c, batched), tp, gpu_bytes, c, batched), tp, gpu_bytes):
+            return f"; it would with max_num_seqs: {c}"
+    return ""
+
+
+# ---------------------------------------------------------------------------- refusals
+
+
+def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanError:
+    m, mem = ctx.model, nofit.mem
+    util = float(ctx.s["gpu_memory_utilization"])
+    where = f"{len(group)}x {gpu_table.label(group[0])}"
+    floor = (f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else "")
+    if nofit.explicit:
+        head = f"{m.key} with tensor_parallel_size {nofit.tp} needs {mem_model.gib(mem.need)} per GPU"
+    else:
+        head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
+    shapes = _shapes(ctx)
+    fixes = _fixes(ctx, group, local_meta)
+    return PlanError(
+        f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
+        f"gpu_memory_utilization {util:.2f}; with these settings nemofleet would plan it on "
+        f"{' or '.join(shapes) if shapes else 'no catalog GPU class of up to 8 GPUs'}; "
+        + (f"on this host it fits with {' or '.join(fixes)}" if fixes else "no single setting change makes it fit this host"))
+
+
+def _shapes(ctx: _Ctx) -> list[str]:
+    """The smallest GPU count of each catalog class on which this planner plans the model with
+    these settings (host-specific ones dropped), smallest total memory first; at most four."""
+    free = settings.Settings({**ctx.s, "tensor_parallel_size": None, "instances": None, "gpus": None})
+    shape_ctx = dataclasses.replace(ctx, s=free)
+    found = []
+    for cls in gpu_table.GPU_CLASSES:
+        for count in TP_SIZES:
+            group = [Gpu(i, f"GPU-shape-{i}", cls.name, cls.memory_mib, cls.cc) for i in range(count)]
+            try:
+                lay = _layout(shape_ctx, group)
+            except (_NoFit, PlanError):
+                continue
+            found.append((count * cls.memory_mib, f"{count}x {cls.label} (TP{lay.tp}, max_num_seqs {lay.seqs})"))
+            break
+    return [text for _, text in sorted(found)[:4]]
+
+
+def _fixes(ctx: _Ctx, group: list[Gpu], local_meta) -> list[str]:
+    """Single setting changes with which this host's GPUs would take the model."""
+    s, m = ctx.s, ctx.model
+    arch = _safe_arch(group[0])
+    seqs = s["max_num_seqs"] or (arch.default_max_num_seqs if arch else 32)
+    tries: list[tuple[dict, str]] = []
+    tries += [({"max_num_seqs": c}, f"max_num_seqs: {c}") for c in _halves(seqs, 1)]
+    tries += [({"max_model_len": c}, f"max_model_len: {c}") for c in _halves(ctx.mml, 4096)]
+    if float(s["gpu_memory_utilization"]) < 0.95:
+        tries.append(({"gpu_memory_utilization": 0.95}, "gpu_memory_utilization: 0.95"))
+    if mem_model.kv_dtype_bytes(m, s["kv_cache_dtype"]) > 1:
+        tries.append(({"kv_cache_dtype": "fp8"}, "kv_cache_dtype: fp8"))
+    if s["tensor_parallel_size"]:
+        tries.append(({"tensor_parallel_size": None}, "tensor_parallel_size unset"))
+    if ctx.spec in ("dflash", "dspark"):
+        tries.append(({"speculative": "none"}, "speculative: none"))
+    if m.variant:
+        tries.append(({"model": m.variant}, f"model: {m.variant}"))
+    out, done = [], set()
+    for change, text in tries:
+        key = next(iter(change))
+        if key in done:
+            continue  # the first (largest) value of a key that fits is the one to show
+        try:
+            alt = _context(settings.Settings({**s, **change}), None if key == "model" else local_meta)
+            lay = _layout(alt, group)
+        except (_NoFit, PlanError):
+            continue
+        done.add(key)
+        out.append(f"{text} (TP{lay.tp}, {lay.mem.summary()})")
+    return out
+
+
+def _safe_arch(gpu):
+    try:
+        return gpu_table.arch_of(gpu)
+    except gpu_table.UnsupportedGpu:
+        return None
+
+
+def _halves(start: int, floor: int) -> list[int]:
+    out, c = [], start // 2
+    while c >= floor:
+        out.append(c)
+        c //= 2
+    return out
+
+
+# ---------------------------------------------------------------------------- warnings
+
+
+def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
+    """NVFP4 below sm100 runs weight-only (docs/recipes.md#nvfp4-below-blackwell): say so, and
+    whether the BF16 variant, which computes the same way, fits these GPUs."""
+    m = ctx.model
+    if m.precision != "nvfp4" or lay.arch.native_fp4:
+        return None
+    text = (f"{m.key} on {lay.arch.name} (sm{lay.arch.sm}) runs NVFP4 weight-only: FP4 weights are dequantised "
+            "by the Marlin/Humming kernels and computed in BF16 (native FP4 needs sm100, Blackwell), so it saves "
+            "memory, not compute")
+    if not m.variant:
+        return text
+    try:
+        alt = _layout(_context(settings.Settings({**ctx.s, "model": m.variant}), None), lay.gpus)
+    except (_NoFit, PlanError):
+        return f"{text}; {m.variant} does not fit here with these settings"
+    return (f"{text}; {m.variant} also fits here ({alt.count} x TP{alt.tp}, {alt.mem.summary()}, "
+            f"{alt.mem.full_context_seqs} full-context sequences) with BF16 weights: set model: {m.variant}")
 
 
 # ---------------------------------------------------------------------------- plan
 
 
-def make_plan(host: str, gpus: list[Gpu], data: dict, *, docker_version: str | None = None,
+def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
               cdi_available: bool = False, cgroup_version: int | None = None,
               cgroup_driver: str | None = None, local_meta: dict | None = None) -> Plan:
-    """Decide what `host` serves. Raises PlanError with one sentence on any impossibility."""
+    """Decide what `host` serves. `data` is its Settings (host data is parsed). Raises
+    PlanError with one sentence on any impossibility."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
+    s = _parse(data)
+    ctx = _context(s, local_meta)
     try:
-        model = catalog.resolve(_setting(data, "model", "nemotron-3.5-lightning-nvfp4"))
-    except catalog.UnknownModel as exc:
-        raise PlanError(str(exc)) from None
-    model = model.with_local_meta(local_meta)
-
-    image = _setting(data, "vllm_image", DEFAULT_IMAGE)
-    version = vllm_flags.version_of_image(image)
-    # registry-mirrors only apply to Docker Hub (reference §4): other registries are reached
-    # through a rewritten name, e.g. {"nvcr.io/": "registry.internal/nvcr/"}
-    for prefix, replacement in (_setting(data, "image_registry_rewrite", {}) or {}).items():
-        if image.startswith(prefix):
-            image = replacement + image[len(prefix):]
-            break
-    try:
-        v = vllm_flags.get(version)
-    except vllm_flags.UnknownVersion as exc:
-        raise PlanError(str(exc)) from None
-
-    names = {g.name for g in gpus}
-    if len(names) > 1:
-        raise PlanError(f"this host mixes GPU models ({', '.join(sorted(names))}); give each class its own instances via group data")
-    try:
-        ccs = {g.cc or gpu_table.cc_for_name(g.name) for g in gpus}
-        if None in ccs:
-            raise gpu_table.UnsupportedGpu(f"cannot tell the compute capability of {gpus[0].name}")
-        arch = gpu_table.arch_for_cc(ccs.pop())
+        usable, warnings = gpu_table.select(gpus, s["gpus"])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
-    if arch.name not in model.archs:
-        raise PlanError(f"{model.key} does not run on {arch.name} GPUs (supported: {', '.join(model.archs)})")
+    if not catalog.is_commit(ctx.model.revision):
+        warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
+                        "commit so re-runs never ask the Hub")
+    layouts = []
+    for group in gpu_table.groups(usable):
+        try:
+            layouts.append(_layout(ctx, group))
+        except _NoFit as nofit:
+            raise _refusal(ctx, group, nofit, local_meta) from None
+    if len(layouts) > 1:
+        warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
+                        + "); each is planned on its own with its own flags")
+    warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
+    instances = _instances(ctx, layouts)
+    method, exec_opts, trap = _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver)
+    warnings += trap
+    mounts, downloads = _weights(ctx)
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    if s["hf_endpoint"]:
+        env["HF_ENDPOINT"] = s["hf_endpoint"].rstrip("/")
+    used = {g.index for i in instances for g in i.gpus}
+    return Plan(
+        host=host, model=ctx.model, image=_rewrite(s["vllm_image"], s["image_registry_rewrite"]),
+        vllm_version=ctx.v.version, instances=instances, gpu_method=method, mounts=mounts, downloads=downloads,
+        env=env, bind_address=s["bind_address"], served_name=ctx.model.served_name, warnings=warnings,
+        docker_exec_opts=exec_opts, choices=[lay.choice for lay in layouts],
+        excluded_gpus=[g.index for g in gpus if g.index not in used],
+    )
 
-    warnings: list[str] = []
-    if not catalog.is_commit(model.revision):
-        warnings.append(
-            f"revision {model.revision!r} of {model.repo} is not a commit SHA; pin a 40-hex commit so "
-            "re-runs never ask the Hub"
-        )
 
-    gpu_bytes = min(g.memory_mib for g in gpus) * MIB
-    util = float(_setting(data, "gpu_memory_utilization", 0.90))
-    if not 0 < util <= 1:
-        raise PlanError(f"gpu_memory_utilization {util} must be in (0, 1]")
-    mml = _setting(data, "max_model_len", min(model.default_context, model.max_context))
-    if mml <= 0:
-        raise PlanError(f"max_model_len {mml} must be positive")
-    if mml > model.max_context:
-        raise PlanError(f"max_model_len {mml} is above {model.key}'s maximum context of {model.max_context}")
-    seqs = _setting(data, "max_num_seqs", arch.default_max_num_seqs)
-    batched = _setting(data, "max_num_batched_tokens", arch.default_max_num_batched_tokens)
-    if seqs <= 0 or batched <= 0:
-        raise PlanError("max_num_seqs and max_num_batched_tokens must be positive")
-    kvd = _setting(data, "kv_cache_dtype")
-    spec = _setting(data, "speculative", model.default_speculative)
-    spec = None if spec in (None, "none", "") else spec
-    if spec and spec not in model.speculative:
-        raise PlanError(
-            f"speculative decoding {spec!r} is not available for {model.key} "
-            f"(supported: {', '.join(model.speculative) or 'none'})"
-        )
-    spec_tokens = _setting(data, "num_speculative_tokens", model.default_spec_tokens)
-    drain = _setting(data, "drain_seconds", 30)
-    if drain < 0:
-        raise PlanError("drain_seconds must not be negative")
-
-    extra = _extra(_setting(data, "vllm_extra_args", {}) or {})
-    per_instance = _setting(data, "instance_extra_args", {}) or {}
-
-    n = len(gpus)
-    tp_req = _setting(data, "tensor_parallel_size")
-    if tp_req is not None:
-        if tp_req <= 0 or n % tp_req:
-            raise PlanError(f"tensor_parallel_size {tp_req} does not divide this host's {n} GPUs")
-        ok, mem = _fits(model, tp_req, gpu_bytes, util, mml, seqs, kvd, spec)
-        if not ok:
-            raise PlanError(
-                f"{model.key} with tensor_parallel_size {tp_req} needs {mem.summary()}"
-                f"{' and ' + _mem_gib(model.min_total_bytes) + ' in all' if model.min_total_bytes else ''}; "
-                f"it needs {what_would_fit(model, util, mml, seqs, kvd, spec)}"
-            )
-        tp = tp_req
-    else:
-        tp = next((t for t in TP_SIZES if t <= n and n % t == 0
-                   and _fits(model, t, gpu_bytes, util, mml, seqs, kvd, spec)[0]), None)
-        if tp is None:
-            short = gpu_table.short_name(gpus[0].name)
-            raise PlanError(
-                f"{model.key} ({model.weight_bytes / 10**9:.0f} GB of {model.precision} weights) "
-                f"needs {what_would_fit(model, util, mml, seqs, kvd, spec)}; "
-                f"this host has {n}x {short} {gpu_bytes / GIB:.0f} GiB"
-            )
-    mem = estimate(model, tp, gpu_bytes, util, mml, seqs, kvd, spec)
-
-    count = _setting(data, "instances", n // tp)
-    if count <= 0 or count * tp > n:
-        raise PlanError(f"{count} instances of {tp} GPU(s) do not fit this host's {n} GPUs")
-
-    root = _setting(data, "models_root", "/srv/nemofleet/models")
-    if not root.startswith("/"):
-        raise PlanError(f"models_root {root!r} must be an absolute path")
-    mdir = catalog.local_dir_name(model.repo)
-    model_path = f"/models/{mdir}"
-    mounts = [Mount(f"{root}/{mdir}", model_path)]
-    downloads = [{"repo": model.repo, "revision": model.revision, "dir": f"{root}/{mdir}"}]
-    draft_paths = {}
-    if spec in model.drafts:
-        d = model.drafts[spec]
-        ddir = catalog.local_dir_name(d.repo)
-        draft_paths[spec] = f"/models/{ddir}"
-        mounts.append(Mount(f"{root}/{ddir}", f"/models/{ddir}"))
-        downloads.append({"repo": d.repo, "revision": d.revision, "dir": f"{root}/{ddir}"})
-    elif spec in ("dflash", "dspark"):
-        raise PlanError(f"speculative {spec} needs a draft checkpoint; set model.drafts.{spec}.repo")
-
-    def args_for(more: list) -> list[str]:
-        flags = _flags(model, arch, v, tp, mml, util, seqs, batched, kvd, spec, spec_tokens, draft_paths,
-                       model_path, drain, extra + more)
-        _validate_flags(v, flags, model)
-        return [model_path] + vllm_flags.render(flags)
-
-    args = args_for([])
-    prefix = _setting(data, "instance_prefix", "nemotron-")
-    port_base = _setting(data, "port_base", 8000)
-    if not 1 <= port_base <= 65535 - count:
-        raise PlanError(f"port_base {port_base} is not a usable TCP port")
-    bind = _setting(data, "bind_address", "127.0.0.1")
-    instances = []
-    names = [f"{prefix}{i}" for i in range(count)]
+def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
+    s = ctx.s
+    total = sum(lay.count for lay in layouts)
+    if not 1 <= s["port_base"] <= 65535 - total:
+        raise PlanError(f"port_base {s['port_base']} is not a usable TCP port for {total} instances")
+    names = [f"{s['instance_prefix']}{i}" for i in range(total)]
+    per_instance = s["instance_extra_args"]
     unknown = sorted(set(per_instance) - set(names))
     if unknown:
         raise PlanError(f"instance_extra_args names {', '.join(unknown)}, which the plan does not have ({', '.join(names)})")
-    for i, name in enumerate(names):
-        if not _NAME.match(name):
-            raise PlanError(f"instance name {name!r} is not a valid container name")
-        inst_args = args_for(_extra(per_instance[name])) if name in per_instance else args
-        instances.append(Instance(
-            name=name, gpus=gpus[i * tp:(i + 1) * tp], host_port=port_base + i, tp=tp,
-            ep=tp > 1 and model.moe, args=inst_args, memory=mem, max_model_len=mml, max_num_seqs=seqs,
-        ))
+    out: list[Instance] = []
+    for lay in layouts:
+        for k in range(lay.count):
+            name = names[len(out)]
+            if not _NAME.match(name):
+                raise PlanError(f"instance name {name!r} is not a valid container name")
+            more = _extra(per_instance[name], f"instance_extra_args.{name}") if name in per_instance else []
+            flags = _flags(ctx, lay.arch, lay.tp, lay.seqs, lay.batched, more)
+            _validate(ctx, flags)
+            mem = _memory(ctx, flags, lay.tp, lay.gpus[0].memory_mib * MIB, lay.seqs, lay.batched)
+            if not mem.fits:
+                raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
+                                "drop the flag that grows its memory")
+            out.append(Instance(
+                name=name, gpus=lay.gpus[k * lay.tp:(k + 1) * lay.tp], host_port=s["port_base"] + len(out),
+                tp=lay.tp, ep=lay.tp > 1 and ctx.model.moe, args=[ctx.model_path] + vllm_flags.render(flags),
+                memory=mem, max_model_len=ctx.mml, max_num_seqs=lay.seqs, arch=lay.arch.name,
+                gpu_label=gpu_table.label(lay.gpus[0]),
+            ))
+    return out
 
-    # GPU selection and the NVML "Unknown Error" trap (reference §3.3)
-    selection = _setting(data, "gpu_selection", "auto")
-    remedy = _setting(data, "nvml_remedy", "cdi")
-    if remedy not in ("cdi", "cgroupfs", "none"):
-        raise PlanError(f"nvml_remedy {remedy!r} is unknown; use cdi, cgroupfs or none")
-    if selection not in ("auto", "cdi", "gpus"):
-        raise PlanError(f"gpu_selection {selection!r} is unknown; use auto, cdi or gpus")
-    dv = _version_tuple(docker_version)
-    cdi_ok = cdi_available and dv >= (25, 0)
+
+def _weights(ctx: _Ctx) -> tuple[list[Mount], list[dict]]:
+    root, m = ctx.s["models_root"], ctx.model
+    mdir = catalog.local_dir_name(m.repo)
+    mounts = [Mount(f"{root}/{mdir}", ctx.model_path)]
+    downloads = [{"repo": m.repo, "revision": m.revision, "dir": f"{root}/{mdir}"}]
+    if ctx.spec in ctx.draft_paths:
+        d = m.drafts[ctx.spec]
+        ddir = catalog.local_dir_name(d.repo)
+        mounts.append(Mount(f"{root}/{ddir}", f"/models/{ddir}"))
+        downloads.append({"repo": d.repo, "revision": d.revision, "dir": f"{root}/{ddir}"})
+    return mounts, downloads
+
+
+def _rewrite(image: str, rewrites: dict) -> str:
+    """Registry mirrors only apply to Docker Hub (moby#18818): other registries are reached
+    through a rewritten name, e.g. {"nvcr.io/": "registry.internal/nvcr/"}."""
+    for prefix, replacement in (rewrites or {}).items():
+        if image.startswith(prefix):
+            return replacement + image[len(prefix):]
+    return image
+
+
+def _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver):
+    """(method, daemon.json exec-opts, warnings): how containers get GPUs, and the remedy for the
+    NVML 'Unknown Error' trap (NVIDIA/nvidia-docker#1730)."""
+    selection, remedy = s["gpu_selection"], s["nvml_remedy"]
+    cdi_ok = cdi_available and versions.parse(docker_version) >= (25, 0)
     if selection == "cdi" and not cdi_ok:
         raise PlanError(
             "gpu_selection cdi needs Docker >= 25 and a CDI spec (nvidia-ctk cdi generate); "
-            f"this host has Docker {docker_version or 'none'} and {'a' if cdi_available else 'no'} CDI spec"
-        )
+            f"this host has Docker {docker_version or 'none'} and {'a' if cdi_available else 'no'} CDI spec")
     method = "cdi" if selection == "cdi" or (selection == "auto" and remedy == "cdi" and cdi_ok) else "gpus"
-    exec_opts = None
-    # NVIDIA/nvidia-docker#1730: when systemd manages the container cgroups (Docker's systemd
-    # cgroup driver, the default on cgroup v2, possible on v1), devices granted by the legacy
-    # hook are dropped at every daemon-reload. Judge by the driver Docker has after this run.
-    explicit = data.get("docker_exec_opts")
-    driver = effective_cgroup_driver(explicit, cgroup_driver, cgroup_version)
-    at_risk = driver == "systemd" and method == "gpus"
+    # When systemd manages the container cgroups (Docker's systemd cgroup driver, the default on
+    # cgroup v2, possible on v1), devices granted by the legacy hook are dropped at every
+    # daemon-reload. Judge by the driver Docker has after this run.
+    explicit = s["docker_exec_opts"]
+    at_risk = effective_cgroup_driver(explicit, cgroup_driver, cgroup_version) == "systemd" and method == "gpus"
     trap = (f"cgroup v{cgroup_version or '?'} with Docker's systemd cgroup driver and the legacy --gpus hook "
             "loses GPUs after every systemctl daemon-reload (NVML 'Unknown Error')")
-    if at_risk and explicit is not None:
+    if not at_risk:
+        return method, None, []
+    if explicit is not None:
         raise PlanError(f"docker_exec_opts keeps the systemd cgroup driver, but {trap}; "
                         "drop native.cgroupdriver=systemd from docker_exec_opts or use CDI (Docker >= 25)")
-    if at_risk:
-        if remedy == "none":
-            raise PlanError(f"{trap}; set nvml_remedy to cdi or cgroupfs")
-        exec_opts = ["native.cgroupdriver=cgroupfs"]
-        warnings.append(
-            f"NVML 'Unknown Error' trap: {trap}, and CDI is not usable here (Docker {docker_version or '?'}"
-            f"{'' if cdi_available else ', no CDI spec'}); nemofleet sets exec-opts native.cgroupdriver=cgroupfs "
-            "and restarts Docker"
-        )
-
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    endpoint = _setting(data, "hf_endpoint")
-    if endpoint:
-        if not re.match(r"^https?://[^\s/]+", endpoint):
-            raise PlanError(f"hf_endpoint {endpoint!r} must be an http(s):// URL")
-        env["HF_ENDPOINT"] = endpoint.rstrip("/")
-
-    return Plan(
-        host=host, model=model, image=image, vllm_version=version, instances=instances,
-        gpu_method=method, mounts=mounts, downloads=downloads, env=env, bind_address=bind,
-        served_name=model.served_name, warnings=warnings, docker_exec_opts=exec_opts,
-    )
+    if remedy == "none":
+        raise PlanError(f"{trap}; set nvml_remedy to cdi or cgroupfs")
+    return method, ["native.cgroupdriver=cgroupfs"], [
+        f"NVML 'Unknown Error' trap: {trap}, and CDI is not usable here (Docker {docker_version or '?'}"
+        f"{'' if cdi_available else ', no CDI spec'}); nemofleet sets exec-opts native.cgroupdriver=cgroupfs "
+        "and restarts Docker"]
 
 
 def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int | None) -> str | None:
@@ -514,20 +606,6 @@ def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int 
         if key.strip() == "native.cgroupdriver":
             return value.strip()
     return "systemd" if cgroup_version == 2 else "cgroupfs"
-
-
-def _extra(raw) -> list[tuple[str, object]]:
-    if not isinstance(raw, dict):
-        raise PlanError(f"extra vLLM args must be a mapping of flag to value, not {raw!r}")
-    return [(vllm_flags.normalise(k if k.startswith("--") else f"--{k}"), None if val is True else val)
-            for k, val in raw.items()]
-
-
-def _version_tuple(text: str | None) -> tuple[int, ...]:
-    if not text:
-        return (0,)
-    parts = re.findall(r"\d+", text)[:3]
-    return tuple(int(p) for p in parts) or (0,)
 
 
 def gpus_from_facts(rows: list[dict]) -> list[Gpu]:

@@ -4,7 +4,9 @@ The serving plan only emits flags from this table, and refuses any operator-supp
 flag the pinned version does not have. The testbed's stand-in server builds its
 argument parser from the same table (stdlib only: this file is copied into that image).
 
-Sources: seeds 000/003 (v0.27.1 command lines that ran), reference.md §9 (0.33.0).
+Sources: the v0.27.1 command lines of docs/recipes.md that ran, vLLM 0.32.0's own parser
+(`make test-real-vllm`), and the vLLM 0.33 engine-argument docs
+(https://docs.vllm.ai/en/latest/configuration/engine_args.html).
 """
 
 from __future__ import annotations
@@ -117,18 +119,18 @@ def _table_032() -> dict[str, Flag]:
     return t
 
 VERSIONS: dict[str, VllmVersion] = {
-    # seeds 000 and 003 ran these command lines on v0.27.1, incl. --mamba-cache-mode align.
-    # CUDA 12.8 images (driver >= 570 on the seed-000-like A100 host class).
+    # docs/recipes.md#lightning-a100 and #lightning-h100 ran on v0.27.1, incl. --mamba-cache-mode align.
+    # CUDA 12.8 images (driver >= 570, as on the A100 host of docs/recipes.md#lightning-a100).
     "0.27.1": VllmVersion(
         "0.27.1", "12.8",
         _table([Flag("--mamba-cache-mode", "choice", ("align", "all", "none"))]),
         _REASONING, _TOOLS,
     ),
-    # Parsed by the real 0.32.0 parser; CUDA as 0.33 (reference §2.3) -- an image's own
+    # Parsed by the real 0.32.0 parser; CUDA as 0.33 (CUDA 13.0 images) -- an image's own
     # NVIDIA_REQUIRE_CUDA overrides this when the image is on the host.
     "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
-    # reference §9.2: --mamba-cache-mode is deprecated and has no effect (derived from
-    # prefix caching), 'all' is gone; images are CUDA 13.0 (reference §2.3).
+    # vLLM 0.33 engine args: --mamba-cache-mode is deprecated and has no effect (derived from
+    # prefix caching), 'all' is gone; images are CUDA 13.0.
     "0.33.0": VllmVersion(
         "0.33.0", "13.0",
         _table([
@@ -146,7 +148,7 @@ class UnknownVersion(ValueError):
 
 
 def version_of_image(image: str) -> str:
-    """'vllm/vllm-openai:v0.27.1' -> '0.27.1' (a digest pin keeps its tag: repo:tag@sha256:...)."""
+    """'nvcr.io/nvidia/vllm:v0.27.1' -> '0.27.1' (a digest pin keeps its tag: repo:tag@sha256:...)."""
     ref = image.split("@", 1)[0]
     tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
     tag = tag.split("-", 1)[0]
@@ -165,7 +167,7 @@ def get(version: str) -> VllmVersion:
 
 
 def normalise(name: str) -> str:
-    """vLLM treats - and _ alike up to the first '.' (reference §9.1)."""
+    """vLLM treats - and _ alike up to the first '.' (vLLM's FlexibleArgumentParser)."""
     head, dot, tail = name.partition(".")
     return head.replace("_", "-") + dot + tail
 

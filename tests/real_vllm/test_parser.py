@@ -17,23 +17,46 @@ VLLM_PYTHON = os.environ.get("NEMOFLEET_VLLM_PYTHON")
 VERSION = os.environ.get("NEMOFLEET_VLLM_VERSION", "0.32.0")
 
 
-def cases():
+def _gpus(name, mib, cc, n, mig=()):
+    return [Gpu(i, f"GPU-{i:08d}-0000-4000-8000-000000000000", name, mib, cc,
+                mig="Enabled" if i in mig else "Disabled") for i in range(n)]
+
+
+def fleet():
+    """The testbed profiles, and the fleet of issue 15's review (A100 x1/x4/x8, H100 x1/x8,
+    H200 x8, B200 x8, L40S x4, A10G x1, 2x H100 with MIG on GPU 0, and a mixed H100+A100 host)."""
     profiles = {h: [Gpu(**{k: g[k] for k in ("index", "uuid", "name", "memory_mib", "cc")}) for g in p["gpus"]]
                 for h, p in load_profiles().items() if not h.startswith("broken") and not p.get("optional")}
-    profiles["b200-8"] = [Gpu(i, f"GPU-b{i}", "NVIDIA B200", 183359, "10.0") for i in range(8)]
-    out = []
-    for host, gpus in profiles.items():
+    a100, h100 = ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), ("NVIDIA H100 80GB HBM3", 81559, "9.0")
+    return {**profiles, "a100x1": _gpus(*a100, 1), "a100x4": _gpus(*a100, 4), "a100x8": _gpus(*a100, 8),
+            "h100x1": _gpus(*h100, 1), "h100x8": _gpus(*h100, 8), "h200x8": _gpus("NVIDIA H200", 143771, "9.0", 8),
+            "b200x8": _gpus("NVIDIA B200", 183359, "10.0", 8), "l40sx4": _gpus("NVIDIA L40S", 46068, "8.9", 4),
+            "a10gx1": _gpus("NVIDIA A10G", 23028, "8.6", 1), "h100x2-mig0": _gpus(*h100, 2, mig=(0,)),
+            "mixed": _gpus(*h100, 2) + [Gpu(2 + i, f"GPU-a{i}", *a100) for i in range(2)]}
+
+
+# settings beyond the defaults that change the planned flags
+VARIANTS = [{}, {"max_num_seqs": 128}, {"tensor_parallel_policy": "smallest"}, {"kv_cache_dtype": "fp8"}]
+
+
+def cases():
+    out, seen = [], set()
+    for host, gpus in fleet().items():
         for key, model in CATALOG.items():
             for spec in [None] + list(model.speculative):
-                try:
-                    p = make_plan(host, gpus, {"model": key, "speculative": spec,
-                                               "vllm_image": f"vllm/vllm-openai:v{VERSION}"})
-                except PlanError:
-                    continue
-                for inst in p.instances[:1]:
-                    out.append({"name": f"{host}/{key}/{spec}", "args": inst.args,
-                                "reasoning": model.reasoning_parser, "plugin": bool(model.reasoning_parser_plugin),
-                                "tool": model.tool_call_parser})
+                for extra in VARIANTS:
+                    try:
+                        p = make_plan(host, gpus, {"model": key, "speculative": spec,
+                                                   "vllm_image": f"vllm/vllm-openai:v{VERSION}", **extra})
+                    except PlanError:
+                        continue
+                    for inst in p.instances:  # every distinct planned line, not only the first instance's
+                        if tuple(inst.args) in seen:
+                            continue
+                        seen.add(tuple(inst.args))
+                        out.append({"name": f"{host}/{key}/{spec}/{inst.name}/{extra}", "args": inst.args,
+                                    "reasoning": model.reasoning_parser,
+                                    "plugin": bool(model.reasoning_parser_plugin), "tool": model.tool_call_parser})
     return out
 
 

@@ -1,0 +1,119 @@
+"""Per-model, per-architecture vLLM flags as data: one table, each row naming its source.
+
+A row applies when the model's family, the GPU architecture and the conditions match. Only
+rows of the model's own family (or "*": workarounds of vLLM bugs that hit every model of that
+kind) apply, so one model's optimisations never leak onto another. docs/recipes.md quotes
+each source; the section is the row's `source`.
+
+The flags the plan itself owns (port, TP, context, batch sizes...) come from settings and are
+listed in OWNED with the setting an operator uses instead of an extra arg.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALL_ARCHS = ("ampere", "ada", "hopper", "blackwell")
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str  # models.Model.family, or "*"
+    archs: tuple[str, ...]
+    flags: tuple[tuple[str, object], ...]  # (flag, value) ; None = a switch
+    source: str  # docs/recipes.md section
+    spec: bool | None = None  # True: only with speculative decoding, False: only without
+    precision: str | None = None  # only for this checkpoint precision
+    moe: bool | None = None
+    # the flag is emitted only where the pinned vLLM has it and does not deprecate it
+    if_supported: bool = False
+
+
+RECIPES: list[Row] = [
+    # Lightning on every architecture: the A100 README command and the day-one post's
+    # H100 command share these.
+    Row("lightning", ALL_ARCHS, (("--enable-prefix-caching", None), ("--mamba-backend", "flashinfer"),
+                                 ("--mamba-ssm-cache-dtype", "float16")), "lightning-a100"),
+    # --mamba-cache-mode align: in both Lightning commands on v0.27.1; deprecated without
+    # effect in 0.33 (derived from prefix caching).
+    Row("lightning", ALL_ARCHS, (("--mamba-cache-mode", "align"),), "lightning-a100", if_supported=True),
+    # The Hopper optimisations of the day-one post; the A100 README names them unavailable there.
+    Row("lightning", ("hopper",), (("--async-scheduling", None), ("--moe-backend", "humming"),
+                                   ("--linear-backend", "humming")), "lightning-h100"),
+    Row("lightning", ("blackwell",), (("--async-scheduling", None),), "lightning-h100"),
+    # Horizontal SSU: sm90 only without speculative decoding, sm100 always (FlashInfer).
+    Row("lightning", ("hopper",), (("--mamba-ssu-algorithm", "horizontal"),), "lightning-h100", spec=False),
+    Row("lightning", ("blackwell",), (("--mamba-ssu-algorithm", "horizontal"),), "lightning-h100"),
+    # Stochastic rounding of the fp16 Mamba cache (needs --mamba-ssm-cache-dtype float16).
+    Row("lightning", ("hopper", "blackwell"), (("--enable-mamba-cache-stochastic-rounding", None),
+                                               ("--mamba-cache-philox-rounds", 5)), "lightning-h100"),
+    # Nano: the vLLM recipe's flags, on every architecture (FP8 KV works from sm80).
+    Row("nano", ALL_ARCHS, (("--async-scheduling", None), ("--kv-cache-dtype", "fp8"),
+                            ("--mamba-ssm-cache-dtype", "float32")), "nano"),
+    # Super VL: the article's command has nothing beyond what the plan derives from settings
+    # and the catalog (TP/EP, context, MTP, parser plugin, mm limits): no rows.
+    # vllm#52308: TRTLLM NVFP4 MoE output is corrupt on B200 for non-gated models.
+    Row("*", ("blackwell",), (("--moe-backend", "flashinfer_cutlass"),), "nvfp4-moe-b200", precision="nvfp4",
+        moe=True),
+]
+
+# Emission order: the order of the published commands, so a planned line reads like its source.
+ORDER = (
+    "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--enable-expert-parallel",
+    "--max-model-len", "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
+    "--kv-cache-dtype", "--enable-prefix-caching", "--async-scheduling", "--mamba-backend", "--moe-backend",
+    "--linear-backend", "--mamba-ssu-algorithm", "--mamba-cache-mode", "--mamba-ssm-cache-dtype",
+    "--enable-mamba-cache-stochastic-rounding", "--mamba-cache-philox-rounds", "--speculative-config",
+    "--reasoning-parser-plugin", "--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice",
+    "--limit-mm-per-prompt", "--host", "--port", "--shutdown-timeout",
+)
+
+# Flags the plan decides: given in extra args they would make the container listen elsewhere
+# than -p maps, or health look for another name, or the memory budget wrong.
+OWNED = {
+    "--host": "bind_address (the container listens on 0.0.0.0; bind_address sets the host side)",
+    "--port": "port_base",
+    "--served-model-name": "model: {served_name: ...}",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "--max-model-len": "max_model_len",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--speculative-config": "speculative and num_speculative_tokens",
+    "--shutdown-timeout": "drain_seconds",
+    "--device-ids": "gpus",
+    "--data-parallel-size": "instances",
+    "--pipeline-parallel-size": "tensor_parallel_size (nemofleet plans one host per instance)",
+}
+
+
+def owned_setting(flag: str) -> str | None:
+    """The setting that replaces `flag` (also its dotted form, --speculative-config.method)."""
+    return OWNED.get(flag.split(".", 1)[0])
+
+
+def rows_for(model, arch: str, spec: bool) -> list[Row]:
+    return [r for r in RECIPES
+            if r.family in (model.family, "*") and arch in r.archs
+            and (r.spec is None or r.spec == spec)
+            and (r.precision is None or r.precision == model.precision)
+            and (r.moe is None or r.moe == model.moe)]
+
+
+def flags_for(model, arch: str, spec: bool, supported) -> list[tuple[str, object]]:
+    """The recipe flags of `model` on `arch`; `supported(flag)` says whether the pinned vLLM
+    has a flag undeprecated (for if_supported rows). A later row replaces an earlier value."""
+    out: dict[str, object] = {}
+    for row in rows_for(model, arch, spec):
+        for name, value in row.flags:
+            if row.if_supported and not supported(name):
+                continue
+            out[name] = value
+    return list(out.items())
+
+
+def ordered(flags: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Planned flags in ORDER; flags ORDER does not know keep their relative order at the end."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return sorted(flags, key=lambda f: rank.get(f[0], len(ORDER)))
