@@ -183,7 +183,7 @@ KEYS: list[Key] = [
         minimum=1),
     Key("gpu_memory_utilization", (_F, _I), 0.90, "fraction of each GPU's memory vLLM may use", "serving",
         minimum=0.01, maximum=1.0),
-    Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: the smallest that fits)", "serving",
+    Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: chosen by tensor_parallel_policy)", "serving",
         minimum=1),
     Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1),
     Key("tensor_parallel_policy", (_S,), "recipe",
