@@ -85,12 +85,10 @@ def cmd_plan(a) -> int:
         p = r.get("plan")
         if not p or r["refused"]:
             continue
-        print(f"   {p['model']} ({p['repo']}@{p['revision'][:12]}) on {p['image']}, GPUs via {p['gpu_method']}")
-        print(f"   {'instance':<14}{'GPUs':<10}{'port':<6}{'TP':<4}{'EP':<4}{'context':<9}{'seqs':<6}{'memory GiB (need/avail)'}")
-        for i in p["instances"]:
-            print(f"   {i['name']:<14}{','.join(map(str, i['gpus'])):<10}{i['port']:<6}{i['tp']:<4}{'y' if i['ep'] else '-':<4}"
-                  f"{i['max_model_len']:<9}{i['max_num_seqs']:<6}{i['memory_need_bytes'] / 2**30:.1f}/{i['memory_available_bytes'] / 2**30:.1f}")
-        print("   flags: " + " ".join(p["instances"][0]["args"][1:]))
+        from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
+
+        for line in lines(p):
+            print(f"   {line}")
     return rc
 
 
