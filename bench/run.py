@@ -37,7 +37,7 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 ANSIBLE_VENV = ROOT / "bench" / ".venv-ansible"
 ANSIBLE = str(ANSIBLE_VENV / "bin" / "ansible-playbook")
 MAX = 20
-MODEL_DIR = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+REPO_DIR = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
 
 
 def log(msg):
@@ -126,6 +126,7 @@ def ansible_inventory(hosts) -> Path:
     converge the same hosts to the same bytes."""
     state = testbed.read_state()
     image = "vllm/vllm-openai:v0.27.1"
+    MODEL_DIR = f"{REPO_DIR}@{state['model_revision'][:12]}"  # one directory per repo and commit
     script = download_script("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", state["model_revision"], MODEL_DIR,
                              image, state["mirror_url"], "/etc/nemofleet/hf.env", [], [], 0)
     script += "\n" + check_command(MODEL_DIR, state["model_revision"], "write")

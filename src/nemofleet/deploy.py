@@ -116,7 +116,7 @@ def fetch_weights(want: Desired) -> None:
     for d in want.downloads:
         weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
                       directory=d.directory, image=want.image, endpoint=d.endpoint, token_file=d.token_file,
-                      full_verify=d.full_verify, seed=d.seed)
+                      full_verify=d.full_verify, seed=d.seed, link_from=d.link_from)
 
 
 def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set = False) -> None:
@@ -148,6 +148,7 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
     files.managed(name="Release record", files=want.release_files, dirs={paths.STATE_DIR: "0755"},
                   changed=record_changed)
     server.shell(name="Audit log", commands=[want.audit_command], _if=lambda: bool(record_changed))
+    weights.pruned(name="Weights no release on this host uses", directories=want.prune)
     for line in want.frontend_lines:
         host.log(line, logger.info)
 

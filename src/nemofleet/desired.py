@@ -34,6 +34,7 @@ class Download:
     token_file: str | None
     full_verify: bool
     seed: dict | None
+    link_from: tuple[str, str] | None = None  # (directory, its commit) to hard-link from first
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Desired:
     image: str = ""
     image_archive: str | None = None
     downloads: list[Download] = field(default_factory=list)
+    prune: list[str] = field(default_factory=list)  # weights directories no release here uses
     # serving
     gpu_probe: GpuProbe | None = None
     gpu_access_record: str | None = None  # the signature that last passed the probe on the host
@@ -181,15 +183,45 @@ def host_files(s: settings_mod.Settings, facts: dict) -> FileMap:
     return out
 
 
-def downloads(s: settings_mod.Settings, p: Plan, secrets: dict) -> list[Download]:
+def link_source(directory: str, revision: str, on_disk: dict) -> tuple[str, str] | None:
+    """A complete directory of the same repo to hard-link from before downloading `directory`
+    (same commit under the old name: nothing to fetch; another commit: only the changed files)."""
+    root, name = directory.rsplit("/", 1)
+    if name in on_disk:
+        return None
+    repo = catalog.repo_of_dir(name)
+    same = [(n, m) for n, m in sorted(on_disk.items()) if catalog.repo_of_dir(n) == repo and (m or {}).get("complete")]
+    # the same commit under the old name first, then the newest-named per-commit directory
+    best = sorted(same, key=lambda nm: (nm[1].get("revision") != revision, "@" not in nm[0]))
+    return (f"{root}/{best[0][0]}", best[0][1].get("revision") or "") if best else None
+
+
+def unused_weights(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
+    """Weights directories of this plan's repos that neither this release nor the one it replaces
+    (kept for `nemofleet rollback`) uses: removed after the new release serves. Only directories
+    of the same repos are touched; anything else under models_root is the operator's."""
+    root, on_disk = s["models_root"], facts.get("models") or {}
+    keep = {d["dir"].rsplit("/", 1)[1] for d in p.downloads}
+    previous = (facts.get("release") or {}).get("model", "")  # "org/name@commit"
+    if s["weights_keep_revisions"] > 1 and "@" in previous:
+        repo, rev = previous.rsplit("@", 1)
+        keep.add(catalog.host_dir_name(repo, rev))
+    repos = {catalog.local_dir_name(d["repo"]) for d in p.downloads}
+    return [f"{root}/{n}" for n in sorted(on_disk) if catalog.repo_of_dir(n) in repos and n not in keep
+            and "@" in n]
+
+
+def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> list[Download]:
     seed = s["weights_seed_from"]
     if isinstance(seed, str):
         seed = {"host": seed}
     if seed:
         seed = {**seed, "root": s["models_root"]}  # rrsync on the peer serves paths below this root
+    on_disk = facts.get("models") or {}
     return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
                      token_file=paths.HF_ENV if secrets.get("hf_token") else None,
-                     full_verify=s["weights_verify"] == "full", seed=seed or None)
+                     full_verify=s["weights_verify"] == "full", seed=seed or None,
+                     link_from=link_source(d["dir"], d["revision"], on_disk))
             for d in p.downloads]
 
 
@@ -312,7 +344,8 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.cdi_command = cdi_command(p, facts)
     d.image = p.image
     d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
-    d.downloads = downloads(s, p, secrets)
+    d.downloads = downloads(s, p, secrets, facts)
+    d.prune = unused_weights(s, p, facts)
     hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
             if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")
     d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),

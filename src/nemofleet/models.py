@@ -236,5 +236,18 @@ def resolve(spec: dict | str) -> Model:
 
 
 def local_dir_name(repo: str) -> str:
-    """Directory under the models root: 'nvidia/X' -> 'nvidia--X'."""
+    """The repo part of a weights directory name: 'nvidia/X' -> 'nvidia--X' (also the path inside
+    the container, which stays the same across commits so a new commit changes only the mount)."""
     return repo.replace("/", "--")
+
+
+def host_dir_name(repo: str, revision: str) -> str:
+    """Weights directory under the models root: one per (repo, commit), so the weights of the
+    release before stay on disk for a rollback: 'nvidia--X@0123456789ab'. A revision that is not a
+    commit (a plan made offline, before the deploy resolved it) keeps the bare repo name."""
+    return f"{local_dir_name(repo)}@{revision[:12]}" if is_commit(revision) else local_dir_name(repo)
+
+
+def repo_of_dir(name: str) -> str:
+    """'nvidia--X@0123456789ab' or 'nvidia--X' -> 'nvidia--X'."""
+    return name.split("@", 1)[0]

@@ -545,13 +545,14 @@ def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
 
 def _weights(ctx: _Ctx) -> tuple[list[Mount], list[dict]]:
     root, m = ctx.s["models_root"], ctx.model
-    mdir = catalog.local_dir_name(m.repo)
+    # one host directory per (repo, commit); the container path names the repo only
+    mdir = catalog.host_dir_name(m.repo, m.revision)
     mounts = [Mount(f"{root}/{mdir}", ctx.model_path)]
     downloads = [{"repo": m.repo, "revision": m.revision, "dir": f"{root}/{mdir}"}]
     if ctx.spec in ctx.draft_paths:
         d = m.drafts[ctx.spec]
-        ddir = catalog.local_dir_name(d.repo)
-        mounts.append(Mount(f"{root}/{ddir}", f"/models/{ddir}"))
+        ddir = catalog.host_dir_name(d.repo, d.revision)
+        mounts.append(Mount(f"{root}/{ddir}", f"/models/{catalog.local_dir_name(d.repo)}"))
         downloads.append({"repo": d.repo, "revision": d.revision, "dir": f"{root}/{ddir}"})
     return mounts, downloads
 

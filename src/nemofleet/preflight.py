@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from . import plan as planner
 from . import vllm_flags
-from .models import local_dir_name
+from .models import host_dir_name, local_dir_name
 from .settings import Settings, SettingsError
 from .settings import parse as parse_settings
 from .versions import parse as vt
@@ -117,10 +117,6 @@ def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
             f"(driver >= {need_driver}); upgrade the NVIDIA driver and reboot, or pin an older image")
 
     used = [gpu for inst in p.instances for gpu in inst.gpus]
-    mig = [str(x.index) for x in used if x.mig == "Enabled"]
-    if mig:
-        v.refusals.append(f"MIG is enabled on GPU {', '.join(mig)} but the plan needs whole GPUs; "
-                          f"run nvidia-smi -i {mig[0]} -mig 0 and reset the GPU, or leave it out of the plan")
     off = [str(x.index) for x in used if x.persistence != "Enabled"]
     if off:
         v.warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
@@ -154,11 +150,16 @@ def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
 
 
 def _local_meta(facts: dict, s: Settings) -> dict | None:
+    """What the checkpoint on the host says of itself (config.json, index), for this commit's
+    directory or, before it exists, any directory of the same repo."""
     models = facts.get("models") or {}
-    spec = s["model"]
     try:
         from .models import resolve
-        repo = resolve(spec).repo
+        model = resolve(s["model"])
     except Exception:
         return None
-    return models.get(local_dir_name(repo))
+    same = models.get(host_dir_name(model.repo, model.revision))
+    if same:
+        return same
+    repo = local_dir_name(model.repo)
+    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)

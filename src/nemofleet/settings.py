@@ -228,6 +228,9 @@ KEYS: list[Key] = [
         pattern=SAFE_URL),
     Key("weights_verify", (_S,), "marker", "marker (header check once, then the marker) | full (every run)",
         "weights", choices=("marker", "full")),
+    Key("weights_keep_revisions", (_I,), 2,
+        "weights directories kept per repo: 2 = this release's and the one before (for rollback)", "weights",
+        minimum=1, maximum=2),
     Key("weights_seed_from", (_S, _D, _N), None, "peer host to copy weights from before the mirror", "weights",
         check=_seed),
     Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
@@ -341,7 +344,8 @@ def _check(key: Key, value) -> str | None:
     if not isinstance(value, key.types):
         return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {value!r}"
     if key.choices is not None and value not in key.choices:
-        return f"{key.name} {value!r} is not one of {', '.join(c for c in key.choices if c)}"
+        shown = [str(c) for c in key.choices if c]
+        return f"{key.name} {value!r} is unknown; use {', '.join(shown[:-1])} or {shown[-1]}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if key.minimum is not None and value < key.minimum:
             return f"{key.name} {value!r} must be at least {key.minimum:g}"
@@ -352,6 +356,8 @@ def _check(key: Key, value) -> str | None:
         text = str(item)
         if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else repr(text)}"
+        if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
+            return f"{key.name}: {text!r} needs a scheme, e.g. https://{text}"
         if key.pattern and not re.fullmatch(key.pattern, text):
             shown = "its value" if key.secret else repr(text)
             return f"{key.name} {shown} is not valid here ({key.doc}; expected {key.pattern})"

@@ -6,7 +6,20 @@ import pytest
 from conftest import clear_mirror_log, mirror_log, on, pyinfra
 
 pytestmark = pytest.mark.e2e
-MODEL_DIR = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+REPO_DIR = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+
+
+class _ModelDir:
+    """The weights directory of the testbed's pinned commit (one directory per repo and commit)."""
+
+    def __str__(self):
+        from nemofleet import testbed
+        return f"{REPO_DIR}@{testbed.read_state()['model_revision'][:12]}"
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+MODEL_DIR = _ModelDir()
 SHARD = "model-00002-of-00002.safetensors"
 
 

@@ -128,7 +128,8 @@ def test_disaster_recovery_rebuild_of_a_destroyed_host(converged):
     assert rc == 0, out
     # the weights came from the peer, verified on this host: the mirror served no file
     assert [x for x in mirror_log() if "/resolve/" in x] == []
-    assert on("h200-1", "test -f /srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4/"
+    rev = testbed.read_state()["model_revision"][:12]
+    assert on("h200-1", f"test -f /srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@{rev}/"
                         ".nemofleet-complete", check=False).returncode == 0
     for stage in ("host key", "preflight", "converge", "health gate"):
         assert re.search(rf"^\s+{stage}\s+\d+\.\d+s$", out, re.M), out

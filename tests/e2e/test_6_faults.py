@@ -68,3 +68,65 @@ def test_secrets_appear_in_no_output_unit_or_process_list(converged, bed):
         assert key is None or key == secret
         assert on(host, "stat -c %a /etc/nemofleet/vllm.env /etc/nemofleet/api-auth.header "
                         "/etc/nemofleet/health.conf").stdout.split() == ["600", "600", "600"]
+
+
+def _publish_commit(sha: str, ref: str) -> str:
+    """A second commit of the testbed's model on the mirror: the first one with config.json changed."""
+    from nemofleet import testbed
+    state = testbed.read_state()
+    repo = testbed.testbed_dir() / "hf" / "repos" / "nvidia" / "NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+    src, dst = repo / state["model_revision"], repo / sha
+    if not dst.exists():
+        import shutil
+        shutil.copytree(src, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["nemofleet_test_commit"] = sha[:12]
+        (dst / "config.json").write_text(json.dumps(cfg))
+    refs = json.loads((repo / "refs.json").read_text())
+    refs[ref] = sha
+    (repo / "refs.json").write_text(json.dumps(refs))
+    return state["model_revision"]
+
+
+def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(converged):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import ROOT, clear_mirror_log, mirror_log
+
+    new = "b" * 40
+    old = _publish_commit(new, "nemofleet-test-v2")
+    root = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+    before = on("h200-1", "sed -n 's/^id=//p' /var/lib/nemofleet/release").stdout.strip()
+    clear_mirror_log()
+    model = json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "nemofleet-test-v2"})
+    r = pyinfra(hosts=["h200-1"], data={"model": model})
+    assert r.rc == 0, r.out[-4000:]
+    assert f"revision 'nemofleet-test-v2' of nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4 is {new[:12]}" in r.out
+    # the new commit was fetched; only what changed between the commits crossed the wire
+    got = [x for x in mirror_log() if "/resolve/" in x and x.startswith("GET ")]
+    assert got and all(new in x for x in got) and any("config.json" in x for x in got), got
+    # shards were hard-linked from the old commit and kept (model-00002 was truncated and re-fetched by an
+    # earlier test, so huggingface_hub re-checks that one: its mtime is newer than its metadata)
+    assert not any("model-00001-of-00002.safetensors" in x for x in got), got
+    record = on("h200-1", "cat /var/lib/nemofleet/release").stdout
+    assert f"model=nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@{new}" in record
+    assert on("h200-1", f"grep -c nemofleet_test_commit {root}@{new[:12]}/config.json").stdout.strip() == "1"
+    assert on("h200-1", f"test -f {root}@{old[:12]}/.nemofleet-complete", check=False).returncode == 0  # kept
+    mounts = on("h200-1", "docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' nemotron-0").stdout
+    assert f"{root}@{new[:12]}" in mounts
+    # rollback: the units of the release before, which mount the old commit's weights
+    nf = str(Path(sys.executable).with_name("nemofleet"))
+    rb = subprocess.run([nf, "rollback", "inventories/testbed.py", "--limit", "h200-1", "--wait", "120"], cwd=ROOT,
+                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert rb.returncode == 0, rb.stdout + rb.stderr
+    assert on("h200-1", "sed -n 's/^id=//p' /var/lib/nemofleet/release").stdout.strip() == before
+    mounts = on("h200-1", "docker inspect -f '{{range .Mounts}}{{.Source}} {{end}}' nemotron-0").stdout
+    assert f"{root}@{old[:12]}" in mounts
+    # back to the inventory's pinned commit: nothing to download, the unused commit is pruned
+    clear_mirror_log()
+    back = pyinfra(hosts=["h200-1"])
+    assert back.rc == 0 and [x for x in mirror_log() if "/resolve/" in x] == []
+    assert on("h200-1", f"test -e {root}@{new[:12]}", check=False).returncode == 1
+    assert pyinfra(hosts=["h200-1"]).changed() == []

@@ -119,7 +119,7 @@ def test_instances_per_gpu_and_tp():
     ({"max_num_seqs": "lots"}, "not 'lots'"),
     ({"port_base": True}, "port_base (first host port"),
     ({"port_base": True}, "not True"),
-    ({"speculative": "eagle"}, "speculative 'eagle' is not one of mtp, dflash, dspark, none"),
+    ({"speculative": "eagle"}, "speculative 'eagle' is unknown; use mtp, dflash, dspark or none"),
     ({"model": "nemotron-3.5-super-vl-bf16", "speculative": "dflash"}, "speculative decoding 'dflash' is not available"),
     ({"made_up_setting": 1}, "unknown setting 'made_up_setting'"),
     ({"vllm_extra_args": {"--port": 9000}}, "vllm_extra_args sets --port, which the plan decides"),

@@ -48,8 +48,17 @@ def test_mig_refused_persistence_warned():
     f = ready()
     f["gpus"]["gpus"][0].update(mig="Enabled", persistence="Disabled")
     v = preflight.check("h", f, DATA)
-    assert any("MIG is enabled on GPU 0" in s for s in v.refusals)
-    assert any("persistence mode is off" in w for w in v.warnings)
+    assert any("MIG is enabled on GPU 0" in s for s in v.refusals)  # the only GPU: nothing to plan
+    # two GPUs, MIG on GPU 0: GPU 0 is left out with a warning, GPU 1 serves and is warned about
+    f = ready()
+    second = dict(f["gpus"]["gpus"][0], index=1, uuid="GPU-second", persistence="Disabled")
+    f["gpus"]["gpus"][0].update(mig="Enabled")
+    f["gpus"]["gpus"].append(second)
+    v = preflight.check("h", f, DATA)
+    assert v.ok, v.refusals
+    assert [g.index for i in v.plan.instances for g in i.gpus] == [1]
+    assert any("MIG" in w and "GPU 0" in w for w in v.warnings), v.warnings
+    assert any("persistence mode is off on GPU 1" in w for w in v.warnings)
 
 
 def test_nvml_trap_reported_with_fix_when_cdi_impossible():

@@ -41,7 +41,8 @@ def test_pyinfra_keys_and_global_arguments_are_not_ours_to_refuse():
     ({"port_base": "8000"}, "must be a integer"),
     ({"port_base": True}, "must be a integer"),
     ({"gpu_memory_utilization": 1.5}, "at most 1"),
-    ({"gpu_selection": "magic"}, "not one of auto, cdi, gpus"),
+    ({"gpu_selection": "magic"}, "gpu_selection 'magic' is unknown; use auto, cdi or gpus"),
+    ({"docker_registry_mirrors": ["mirror.example:5000"]}, "needs a scheme, e.g. https://mirror.example:5000"),
     ({"models_root": "srv/models"}, "is not valid here"),
     ({"drain_seconds": -1}, "at least 0"),
 ])
@@ -84,6 +85,19 @@ def test_secrets_never_in_messages_or_repr():
     assert "s3cr3t-value-1234" not in repr(parse({"vllm_api_key": "s3cr3t-value-1234"}))
 
 
+SETTINGS_NAMES = {"s", "data", "settings", "host_data", "d", "want"}
+
+
+def _is_settings(node) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in SETTINGS_NAMES
+    if isinstance(node, ast.Attribute):  # host.data
+        return node.attr == "data"
+    if isinstance(node, ast.Call):  # data()
+        return isinstance(node.func, ast.Name) and node.func.id in ("data", "settings")
+    return False
+
+
 def _looks_like_default(node) -> bool:
     """A literal, a CONSTANT or a computed value; a lower-case name is a value being checked."""
     if node is None:
@@ -98,7 +112,10 @@ def _settings_reads(tree: ast.AST):
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        # X.get("key", default), and helpers such as _setting(data, "key", default)
+        # s.get("key", default) on host data or settings, and helpers such as
+        # _setting(data, "key", default); facts and other dicts may share key names
+        if not any(_is_settings(x) for x in [getattr(node.func, "value", None), *node.args[:1]]):
+            continue
         for n, arg in enumerate(node.args):
             if isinstance(arg, ast.Constant) and arg.value in KEYS:
                 nxt = node.args[n + 1] if n + 1 < len(node.args) else None

@@ -13,9 +13,31 @@ def check(d, rev, mode="check"):
     return r.returncode, json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
 
-def model(tmp_path):
+def model(tmp_path, metadata=True):
+    """A generated checkpoint laid out as `hf download --local-dir` leaves it: each file's
+    metadata (commit, etag, timestamp) under .cache/huggingface/download."""
     sha = tinymodel.build(str(tmp_path / "repos"), "org/tiny")
-    return str(tmp_path / "repos" / "org/tiny" / sha), sha
+    d = str(tmp_path / "repos" / "org/tiny" / sha)
+    if metadata:
+        meta = os.path.join(d, ".cache", "huggingface", "download")
+        os.makedirs(meta)
+        for name in os.listdir(d):
+            if os.path.isfile(os.path.join(d, name)):
+                import hashlib
+                etag = hashlib.sha256(open(os.path.join(d, name), "rb").read()).hexdigest()
+                with open(os.path.join(meta, name + ".metadata"), "w") as f:
+                    f.write(f"{sha}\n{etag}\n1700000000.0\n")
+    return d, sha
+
+
+def test_marker_refused_for_files_not_of_the_commit(tmp_path):
+    d, sha = model(tmp_path, metadata=False)
+    rc, out, err = check(d, sha, "write")
+    assert rc == 1 and out["complete"] and not out["commit_ok"] and "not of commit" in err
+    assert not os.path.exists(os.path.join(d, ".nemofleet-complete"))
+    d2, sha2 = model(tmp_path / "b")
+    rc, out, _ = check(d2, "f" * 40, "write")  # files of another commit
+    assert rc == 1 and out["other_commits"] == [sha2]
 
 
 def test_complete_then_marker_fast_path(tmp_path):
@@ -35,7 +57,7 @@ def test_truncated_and_missing_shards_and_incomplete_files(tmp_path):
     shard = os.path.join(d, "model-00002-of-00002.safetensors")
     os.truncate(shard, 1000)
     os.remove(os.path.join(d, "config.json"))
-    os.makedirs(os.path.join(d, ".cache/huggingface/download"))
+    os.makedirs(os.path.join(d, ".cache/huggingface/download"), exist_ok=True)
     open(os.path.join(d, ".cache/huggingface/download/x.abc.incomplete"), "w").close()
     rc, out, _ = check(d, sha)
     assert not out["complete"] and out["truncated"] == ["model-00002-of-00002.safetensors"]
@@ -49,7 +71,7 @@ def test_full_verify_catches_corruption_of_same_size(tmp_path):
     shard = os.path.join(d, "model-00001-of-00002.safetensors")
     import hashlib
     meta = os.path.join(d, ".cache/huggingface/download/model-00001-of-00002.safetensors.metadata")
-    os.makedirs(os.path.dirname(meta))
+    os.makedirs(os.path.dirname(meta), exist_ok=True)
     open(meta, "w").write(f"{sha}\n{hashlib.sha256(open(shard, 'rb').read()).hexdigest()}\n0\n")
     assert check(d, sha, "full")[1]["complete"]
     with open(shard, "r+b") as f:

@@ -110,6 +110,11 @@ for s in shards + ["config.json"]:
         commits.add(None)
 out["commit_ok"] = commits == {rev}
 out["other_commits"] = sorted(c for c in commits if c and c != rev)
+pinned = len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)
+if mode == "write" and out["complete"] and pinned and not out["commit_ok"]:
+    # never mark files as this commit unless huggingface_hub's metadata says they are
+    emit(1, "weights in %s are complete but not of commit %s (their metadata names %s); remove the "
+            "directory and run again" % (d, rev, ", ".join(out["other_commits"]) or "no commit"))
 if mode in ("write", "full"):
     if not out["complete"]:
         emit(1, "weights in %s are incomplete after download: missing %s, truncated %s" % (

@@ -83,6 +83,24 @@ def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     ]
 
 
+def link_script(source: str, directory: str, revision: str) -> str:
+    """Hard-link a copy of `source` to `directory` (no extra disk; huggingface_hub replaces a file
+    it downloads, so the source keeps its own; its metadata, which it rewrites in place, is copied),
+    without the completion marker. A linked file that
+    fails the offline check (edited in place since) is unlinked again, so `hf download` fetches it."""
+    q = shlex.quote
+    tmp = directory + ".nemofleet-link"
+    unlink_bad = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
+                  "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
+                  "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
+    # huggingface_hub rewrites its metadata files in place: those are copied, never linked
+    return (f"if [ ! -e {q(directory)} ]; then rm -rf {q(tmp)}; cp -al {q(source)} {q(tmp)} && "
+            f"rm -rf {q(tmp + '/.cache')} && {{ [ ! -d {q(source + '/.cache')} ] || cp -a {q(source + '/.cache')} {q(tmp + '/.cache')}; }} && "
+            f"find {q(tmp + '/.cache')} -name '*.lock' -delete 2>/dev/null; "
+            f"rm -f {q(tmp + '/' + MARKER)} && mv {q(tmp)} {q(directory)} && "
+            f"{{ {check_command(directory, revision, 'check')} 2>/dev/null | python3 -c {q(unlink_bad)} {q(directory)}; }}; fi")
+
+
 def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes,
                     seed: dict | None = None, link_from: str | None = None) -> str:
     unit = DOWNLOAD_PREFIX + slug(directory)
@@ -100,9 +118,7 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         "set -e",
         # a download from an earlier run may still be going (it survives SSH): wait for it
         f"while systemctl is-active -q {unit}; do sleep 5; done",
-        *([f"if [ ! -e {q(directory)} ]; then cp -al {q(link_from)} {q(directory + '.nemofleet-link')} && "
-           f"rm -f {q(directory + '.nemofleet-link/' + MARKER)} && mv {q(directory + '.nemofleet-link')} {q(directory)}; fi"]
-          if link_from else []),
+        *([link_script(link_from, directory, revision)] if link_from else []),
         f"mkdir -p {q(directory)}",
         *(seed_lines(seed, directory, revision) if seed else []),
         f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
@@ -121,14 +137,14 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
           token_file: str | None = None, full_verify: bool = False, seed: dict | None = None,
-          link_from: str | None = None):
+          link_from: tuple[str, str] | None = None):
     """Weights of repo@revision complete in `directory` (completion marker written last).
 
     The marker names the revision it was written for, and files copied in (from a peer, by hand,
     or hard-linked from another commit's directory) count only when huggingface_hub's metadata says
-    they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`: a
-    complete directory of another commit of the same repo whose files are hard-linked in first,
-    so `hf download` fetches only what changed between the two commits."""
+    they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`:
+    (directory, commit) of a complete copy of the same repo whose files are hard-linked in first,
+    so `hf download` fetches only what changed between the two commits (nothing for the same one)."""
     status = host.get_fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
     if status and status["complete"] and status["marker"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
@@ -144,7 +160,7 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
             and not any(m.startswith("tokenizer") for m in status["missing"]) and not status.get("other_commits"):
         files = sorted(set(status["missing"]) | set(status["truncated"]))
         cleanup = sorted(status["truncated"])
-    linked = link_from if link_from and not (status and status["exists"]) else None
+    linked = link_from[0] if link_from and not (status and status["exists"]) else None
     yield StringCommand("sh", "-c", shlex.quote(download_script(
         repo, revision, directory, image, endpoint, token_file, files, cleanup,
         (status or {}).get("present_bytes", 0), seed=seed, link_from=linked)))
