@@ -72,6 +72,7 @@ def test_host_facts_real_h200_one_command_output():
     want["disk_free"] = int(raw[raw.index("@@nemofleet-fact:disk_free") + 1])  # free space moved in between
     for added in ("release", "gpu_access"):  # parts added after the capture: a missing section reads as absent
         want.setdefault(added, None)
+    want.setdefault("errors", {})  # key added after the capture: nothing unreadable there
     assert fact == want
     assert fact["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and fact["cuda"] == "13.0"
     assert fact["docker"]["installed"] is False and fact["cgroup"] == 2
@@ -148,3 +149,101 @@ def test_daemon_json_without_final_newline_does_not_swallow_the_next_fact():
         out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True).stdout.splitlines()
         part = out[1:out.index("@@m:b")]
         assert fact.process(part)["data"] == {"exec-opts": ["native.cgroupdriver=systemd"]}
+
+
+# --- bounded facts and unreadable output: a refusal of that host only, never an exception
+
+
+GARBAGE = "[Unknown Error], GPU-1, NVIDIA H200, [Unknown Error], 580.159.04, 9.0, 00000000:00:06.0, Disabled, Enabled"
+
+
+def test_nvidia_gpus_garbage_is_an_error_not_no_gpu():
+    fact = NvidiaGpus().process([GARBAGE, "RC=0"])
+    assert fact["gpus"] == [] and fact["smi"] is True
+    assert fact["error"] == f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}"
+    assert "lists no GPU" not in fact["error"]
+
+
+def test_nvidia_gpus_timeout_is_reported_as_a_hang():
+    fact = NvidiaGpus().process(["RC=124"])
+    assert fact["rc"] == 124 and fact["error"] == "nvidia-smi did not answer within 20 s (hung driver?)"
+
+
+def test_nvidia_gpus_driver_na_is_unreadable_not_a_version():
+    row = "0, GPU-1, NVIDIA H200, 143771, [N/A], 9.0, 00000000:00:06.0, Disabled, Enabled"
+    fact = NvidiaGpus().process([row, "RC=0"])
+    assert fact["driver"] is None and fact["gpus"][0]["driver"] is None  # never the string "[N/A]"
+    import pytest
+    from nemofleet.facts.gpu import Unreadable
+    with pytest.raises(Unreadable) as e:
+        NvidiaGpus().parse([row, "RC=0"])
+    assert "reports no driver version" in str(e.value) and "supports CUDA" not in str(e.value)
+
+
+def test_cuda_version_timeout_and_garbage():
+    assert NvidiaCudaVersion().process(["TIMEOUT"]) is None
+    assert NvidiaCudaVersion().process(["N/A"]) is None
+    assert NvidiaCudaVersion().process(["[Unknown Error]"]) is None
+    assert NvidiaCudaVersion().process(["12.8"]) == "12.8"
+
+
+def test_docker_info_and_image_inspect_timeouts():
+    d = DockerInfo().process(["installed=1", "timeout=1"])
+    assert d["installed"] is True and d["running"] is False
+    assert ImageInfo().process(["timeout", "absent"]) is None
+
+
+def hostfacts_output(**parts):
+    out = []
+    for key, lines in parts.items():
+        out.append(f"@@nemofleet-fact:{key}")
+        out += lines
+    return out
+
+
+def test_host_facts_collects_errors_per_part_and_keeps_going():
+    fact = HostFacts().process(hostfacts_output(
+        gpus=[GARBAGE, "RC=0"], cuda=["TIMEOUT"], toolkit=["ctk_timeout=1", "ctk=", "hook=1"],
+        docker=["installed=1", "timeout=1"], image=["timeout", "absent"], cgroup=["cgroup2fs"]))
+    assert fact["errors"] == {
+        "gpus": f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}",
+        "cuda": "nvidia-smi -q -x did not answer within 20 s (hung driver?)",
+        "toolkit": "nvidia-ctk --version did not answer within 20 s",
+        "docker": "docker info did not answer within 20 s (dockerd hung?): check `systemctl status docker` on the host",
+        "image": "docker image inspect did not answer within 20 s (dockerd hung?)",
+    }
+    assert fact["gpus"]["smi"] is True and fact["gpus"]["gpus"] == []
+    assert fact["toolkit"]["hook"] is True and fact["cgroup"] == 2
+    assert fact["docker"]["installed"] is True and fact["docker"]["running"] is False
+
+
+def test_host_facts_any_parse_failure_is_one_sentence(monkeypatch):
+    from nemofleet.facts import host as hostmod
+
+    def boom(self, output):
+        raise ValueError("invalid literal for int() with base 10: '[Unknown Error]'")
+
+    monkeypatch.setattr(hostmod.FreeDisk, "process", boom)
+    fact = HostFacts().process(hostfacts_output(disk_free=["[Unknown Error]"], cgroup=["cgroup2fs"]))
+    assert fact["disk_free"] is None and fact["cgroup"] == 2
+    assert fact["errors"]["disk_free"].startswith("the disk_free check printed output nemofleet cannot read (ValueError")
+    assert "first line: '[Unknown Error]'" in fact["errors"]["disk_free"]
+
+
+def test_a_hung_nvidia_smi_is_stopped_by_timeout(tmp_path, monkeypatch):
+    """The real command against an nvidia-smi that never answers (timeout cut to 1 s)."""
+    import subprocess
+
+    from nemofleet.facts import gpu
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gpu, "SMI_TIMEOUT", 1)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    out = subprocess.run(["sh", "-c", NvidiaGpus().command()], capture_output=True, text=True, env=env, timeout=15)
+    assert out.returncode == 0
+    fact = NvidiaGpus().process(out.stdout.splitlines())
+    assert fact["rc"] == 124 and fact["error"] == "nvidia-smi did not answer within 1 s (hung driver?)"
+    cuda = subprocess.run(["sh", "-c", NvidiaCudaVersion().command()], capture_output=True, text=True, env=env, timeout=15)
+    assert cuda.stdout.split() == ["TIMEOUT"]

@@ -7,7 +7,13 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from .gpu import TIMED_OUT, Unreadable
+
 ABSENT = "##NEMOFLEET_ABSENT##"
+# `docker info` / `docker image inspect` answer in well under a second from a live dockerd;
+# 20 s means dockerd is hung (a stuck storage driver, a full disk): the host is refused, the run
+# goes on for the others.
+FACT_TIMEOUT = 20
 
 
 class DockerInfo(FactBase):
@@ -18,19 +24,30 @@ class DockerInfo(FactBase):
                "cgroup_version={{.CgroupVersion}}\ndefault_runtime={{.DefaultRuntime}}\n"
                "runtimes={{json .Runtimes}}")
         return ("command -v docker >/dev/null 2>&1 || { echo installed=0; exit 0; }; echo installed=1; "
-                f"docker info --format {shlex.quote(fmt)} 2>/dev/null || echo running=0")
+                f"out=$(timeout {FACT_TIMEOUT} docker info --format {shlex.quote(fmt)} 2>/dev/null); rc=$?; "
+                f"if [ $rc -eq {TIMED_OUT} ]; then echo timeout=1; elif [ $rc -ne 0 ]; then echo running=0; "
+                "else printf '%s\\n' \"$out\"; fi")
 
     def default(self):
         return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
                 "cgroup_version": None, "default_runtime": None, "runtimes": []}
 
     def process(self, output):
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
         out = self.default()
         out["running"] = True
+        timed_out = False
         for line in output:
             key, _, value = line.strip().partition("=")
             if key == "installed":
                 out["installed"] = value == "1"
+            elif key == "timeout":
+                timed_out = True
             elif key == "running":
                 out["running"] = False
             elif key == "runtimes":
@@ -44,6 +61,9 @@ class DockerInfo(FactBase):
                 out[key] = value or None
         if not out["installed"] or out["server"] is None:
             out["running"] = False
+        if timed_out:
+            raise Unreadable(f"docker info did not answer within {FACT_TIMEOUT} s (dockerd hung?): "
+                             "check `systemctl status docker` on the host", out)
         return out
 
 
@@ -76,11 +96,21 @@ class ImageInfo(FactBase):
     """{"id", "env"} of a local image, or None when it is not on the host."""
 
     def command(self, ref: str) -> str:
-        return (f"docker image inspect --format '{{{{.Id}}}} {{{{json .Config.Env}}}}' {shlex.quote(ref)} "
-                "2>/dev/null || echo absent")
+        return (f"timeout {FACT_TIMEOUT} docker image inspect --format '{{{{.Id}}}} {{{{json .Config.Env}}}}' "
+                f"{shlex.quote(ref)} 2>/dev/null; rc=$?; [ $rc -eq {TIMED_OUT} ] && echo timeout; "
+                "[ $rc -eq 0 ] || echo absent")
 
     def process(self, output):
+        """None (absent) on a timeout too: the image op then pulls, itself bounded."""
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
         lines = [x.strip() for x in output if x.strip()]
+        if "timeout" in lines:
+            raise Unreadable(f"docker image inspect did not answer within {FACT_TIMEOUT} s (dockerd hung?)")
         line = lines[0] if lines else "absent"
         if line == "absent":
             return None

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import csv
+import re
 
 from pyinfra.api import FactBase
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
               "pci.bus_id", "mig.mode.current", "persistence_mode")
 
-# nvidia-smi exit codes (reference §2.2)
+# nvidia-smi exit codes (nvidia-smi(1), RETURN VALUE)
 SMI_EXIT = {6: "no NVIDIA GPU was found", 9: "the NVIDIA driver is not loaded",
             14: "the GPU's infoROM is corrupted", 15: "a GPU has fallen off the bus"}
 
 
+SMI_TIMEOUT = 20  # nvidia-smi answers in well under a second; 20 s means the driver hangs
+CTK_TIMEOUT = 20
+TIMED_OUT = 124  # timeout(1)'s exit status when it had to stop the command
+
+
+class Unreadable(ValueError):
+    """A tool printed something nemofleet cannot read, or did not answer. `value` is what the
+    fact reports on its own (process()); HostFacts records the sentence in `errors`."""
+
+    def __init__(self, sentence: str, value=None):
+        super().__init__(sentence)
+        self.value = value
+
+
 def _rc_split(lines: list[str]) -> tuple[list[str], int | None]:
-    if lines and lines[-1].startswith("RC="):
+    if lines and lines[-1].startswith("RC=") and lines[-1][3:].isdigit():
         return lines[:-1], int(lines[-1][3:])
     return lines, None
 
@@ -24,65 +39,101 @@ def _na(value: str) -> str | None:
     return None if value in ("[N/A]", "N/A", "[Not Supported]", "") else value
 
 
+def _gpu_row(row: list[str]) -> dict:
+    """One --query-gpu row; ValueError when a field is not what nvidia-smi prints for it."""
+    if len(row) != len(GPU_FIELDS):
+        raise ValueError(f"{len(row)} fields, not {len(GPU_FIELDS)}")
+    r = dict(zip(GPU_FIELDS, (c.strip() for c in row)))
+    return {
+        "index": int(r["index"]), "uuid": r["uuid"], "name": r["name"],
+        "memory_mib": int(float(r["memory.total"])), "cc": _na(r["compute_cap"]),
+        "bus_id": r["pci.bus_id"], "mig": _na(r["mig.mode.current"]) or "N/A",
+        "persistence": r["persistence_mode"], "driver": _na(r["driver_version"]),
+    }
+
+
 class NvidiaGpus(FactBase):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
-    `smi` is False when nvidia-smi is not installed; `rc`/`error` carry its failure.
+    `smi` is False when nvidia-smi is not installed; `rc`/`error` carry its failure (rc 124:
+    it did not answer within SMI_TIMEOUT s). process() never raises: output it cannot read
+    ("[Unknown Error]" in a field) gives `error` and no GPUs; parse() raises Unreadable then,
+    and when the GPUs are listed without a driver version, so HostFacts refuses the host with
+    that sentence instead of judging a driver it does not know.
     """
 
     def command(self) -> str:
         return ("command -v nvidia-smi >/dev/null 2>&1 || { echo NOCMD; exit 0; }; "
-                f"nvidia-smi --query-gpu={','.join(GPU_FIELDS)} --format=csv,noheader,nounits 2>&1; "
-                'echo "RC=$?"')
+                f"timeout {SMI_TIMEOUT} nvidia-smi --query-gpu={','.join(GPU_FIELDS)} "
+                '--format=csv,noheader,nounits 2>&1; echo "RC=$?"')
 
     def default(self):
         return {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
 
     def process(self, output):
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
         lines = [line for line in output if line.strip()]
         if lines[:1] == ["NOCMD"]:
             return self.default()
         lines, rc = _rc_split(lines)
+        if rc == TIMED_OUT:
+            sentence = f"nvidia-smi did not answer within {SMI_TIMEOUT} s (hung driver?)"
+            raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []})
         if rc:
             text = " ".join(lines).strip()
             return {"smi": True, "rc": rc, "error": text or SMI_EXIT.get(rc, f"nvidia-smi exit {rc}"),
                     "driver": None, "gpus": []}
-        gpus = []
-        for row in csv.reader(lines, skipinitialspace=True):
-            if len(row) != len(GPU_FIELDS):
-                return {"smi": True, "rc": rc, "error": "unexpected nvidia-smi output: " + ",".join(row),
-                        "driver": None, "gpus": []}
-            r = dict(zip(GPU_FIELDS, (c.strip() for c in row)))
-            gpus.append({
-                "index": int(r["index"]), "uuid": r["uuid"], "name": r["name"],
-                "memory_mib": int(float(r["memory.total"])), "cc": _na(r["compute_cap"]),
-                "bus_id": r["pci.bus_id"], "mig": _na(r["mig.mode.current"]) or "N/A",
-                "persistence": r["persistence_mode"], "driver": r["driver_version"],
-            })
-        return {"smi": True, "rc": 0, "error": None,
-                "driver": gpus[0]["driver"] if gpus else None, "gpus": gpus}
+        try:
+            gpus = [_gpu_row(row) for row in csv.reader(lines, skipinitialspace=True)]
+        except ValueError:
+            sentence = f"nvidia-smi printed output nemofleet cannot read: {lines[0].strip()[:200]}"
+            raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []}) from None
+        out = {"smi": True, "rc": 0, "error": None, "driver": gpus[0]["driver"] if gpus else None, "gpus": gpus}
+        if gpus and not out["driver"]:
+            raise Unreadable(f"nvidia-smi lists {len(gpus)} GPU(s) but reports no driver version "
+                             "([N/A]); nemofleet cannot check it against the CUDA the image needs: "
+                             "run nvidia-smi on the host and reinstall the driver if it says the same", out)
+        return out
 
 
 class NvidiaCudaVersion(FactBase):
-    """Highest CUDA version the driver supports, from `nvidia-smi -q -x` (no query field exists)."""
+    """Highest CUDA version the driver supports, from `nvidia-smi -q -x` (no query field exists);
+    None when nvidia-smi is absent or says N/A. parse() raises Unreadable on a timeout or a value
+    that is not a version."""
 
     def command(self) -> str:
-        return ("command -v nvidia-smi >/dev/null 2>&1 && "
-                "nvidia-smi -q -x 2>/dev/null | sed -n 's:.*<cuda_version>\\(.*\\)</cuda_version>.*:\\1:p' "
-                "|| true")
+        return ("command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
+                f"x=$(timeout {SMI_TIMEOUT} nvidia-smi -q -x 2>/dev/null); "
+                f'[ $? -eq {TIMED_OUT} ] && echo TIMEOUT; '
+                "printf '%s\\n' \"$x\" | sed -n 's:.*<cuda_version>\\(.*\\)</cuda_version>.*:\\1:p'")
 
     def process(self, output):
-        for line in output:
-            if line.strip():
-                return line.strip()
-        return None
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        if "TIMEOUT" in lines:
+            raise Unreadable(f"nvidia-smi -q -x did not answer within {SMI_TIMEOUT} s (hung driver?)")
+        value = _na(lines[0]) if lines else None
+        if value is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+            raise Unreadable(f"nvidia-smi -q -x printed a CUDA version nemofleet cannot read: {value[:80]}")
+        return value
 
 
 class ContainerToolkit(FactBase):
     """NVIDIA Container Toolkit: {"version", "hook", "runtime", "cdi_specs", "cdi_refresh"}."""
 
     def command(self) -> str:
-        return ("echo ctk=$(nvidia-ctk --version 2>/dev/null | awk '/CLI version/{print $NF}'); "
+        return (f"v=$(timeout {CTK_TIMEOUT} nvidia-ctk --version 2>/dev/null); [ $? -eq {TIMED_OUT} ] && echo ctk_timeout=1; "
+                "echo ctk=$(printf '%s\\n' \"$v\" | awk '/CLI version/{print $NF}'); "
                 "command -v nvidia-container-runtime-hook >/dev/null 2>&1 && echo hook=1; "
                 "command -v nvidia-container-runtime >/dev/null 2>&1 && echo runtime=1; "
                 "for f in /etc/cdi/nvidia.yaml /var/run/cdi/nvidia.yaml; do [ -s $f ] && echo cdi=$f; done; "
@@ -92,10 +143,19 @@ class ContainerToolkit(FactBase):
         return {"version": None, "hook": False, "runtime": False, "cdi_specs": [], "cdi_refresh": False}
 
     def process(self, output):
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
         out = self.default()
+        timed_out = False
         for line in output:
             key, _, value = line.strip().partition("=")
-            if key == "ctk":
+            if key == "ctk_timeout":
+                timed_out = True
+            elif key == "ctk":
                 out["version"] = value or None
             elif key in ("hook", "runtime"):
                 out[key] = True
@@ -103,4 +163,6 @@ class ContainerToolkit(FactBase):
                 out["cdi_specs"].append(value)
             elif key == "cdi_refresh":
                 out["cdi_refresh"] = value == "enabled"
+        if timed_out:
+            raise Unreadable(f"nvidia-ctk --version did not answer within {CTK_TIMEOUT} s", out)
         return out

@@ -8,12 +8,12 @@ from pyinfra.api import FactBase
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, ImageInfo
-from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
+from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
 from .weights import ModelsOnDisk
 
 
 class CgroupVersion(FactBase):
-    """1 or 2, from the filesystem type of /sys/fs/cgroup (reference §3.3)."""
+    """1 or 2, from the filesystem type of /sys/fs/cgroup (cgroups(7): cgroup2fs is v2)."""
 
     command = "stat -fc %T /sys/fs/cgroup/ 2>/dev/null || true"
 
@@ -112,6 +112,10 @@ class HostFacts(FactBase):
         return "; ".join(chunks) + "; true"
 
     def process(self, output):
+        """{part: value, ..., "errors": {part: sentence}}. A part whose output cannot be read (or
+        whose tool did not answer in time) never raises: it gets its fact's own value for that
+        case (Unreadable.value) or its default, and one sentence in `errors`, so only this host
+        is refused and the run goes on for the others."""
         sections: dict[str, list[str]] = {}
         current = None
         for line in output:
@@ -120,8 +124,27 @@ class HostFacts(FactBase):
                 sections[current] = []
             elif current is not None:
                 sections[current].append(line)
-        out = {}
+        out: dict = {}
+        errors: dict[str, str] = {}
         for key, fact, _ in self._parts(dict.fromkeys(self.ARGS, "")):
-            lines = sections.get(key) or []
-            out[key] = fact.process(lines) if lines else fact.default()
+            out[key], why = read_part(key, fact, sections.get(key) or [])
+            if why:
+                errors[key] = why
+        out["errors"] = errors
         return out
+
+
+def read_part(key: str, fact: FactBase, lines: list[str]):
+    """(value, None) or (fallback value, sentence) for one HostFacts part."""
+    if not lines:
+        return fact.default(), None
+    strict = getattr(fact, "parse", fact.process)  # parse(): the variant that raises Unreadable
+    try:
+        return strict(lines), None
+    except Unreadable as exc:
+        return (exc.value if exc.value is not None else fact.default()), str(exc)
+    except Exception as exc:  # any other parse failure: this host only, never the whole run
+        first = next((ln.strip() for ln in lines if ln.strip()), "")[:200]
+        return fact.default(), (f"the {key} check printed output nemofleet cannot read ({type(exc).__name__}: "
+                                f"{exc}; first line: {first!r}); run `pyinfra HOST fact "
+                                f"nemofleet.facts.host.HostFacts` to see it")

@@ -10,6 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, FileUploadCommand, StringCommand, operation
 
 from ..facts.docker import ImageInfo
+from ..facts.docker import FACT_TIMEOUT
 from . import fail_command
 
 
@@ -18,7 +19,7 @@ class Networks(FactBase):
 
     def command(self, names: tuple[str, ...]) -> str:
         q = " ".join(shlex.quote(n) for n in names)
-        return (f"for n in {q}; do if docker network inspect \"$n\" >/dev/null 2>&1; then echo \"$n 1\"; "
+        return (f"for n in {q}; do if timeout {FACT_TIMEOUT} docker network inspect \"$n\" >/dev/null 2>&1; then echo \"$n 1\"; "
                 "else echo \"$n 0\"; fi; done")
 
     def process(self, output):
@@ -31,7 +32,8 @@ class ContainerNetworks(FactBase):
     def command(self, names: tuple[str, ...]) -> str:
         q = " ".join(shlex.quote(n) for n in names)
         fmt = "{{.Name}} {{.State.Running}} {{json .NetworkSettings.Networks}}"
-        return f"for c in {q}; do docker inspect -f '{fmt}' \"$c\" 2>/dev/null || echo \"/$c absent\"; done"
+        return (f"for c in {q}; do timeout {FACT_TIMEOUT} docker inspect -f '{fmt}' \"$c\" 2>/dev/null "
+                "|| echo \"/$c absent\"; done")
 
     def process(self, output):
         out = {}
@@ -53,6 +55,12 @@ class ContainerNetworks(FactBase):
         return out
 
 
+# A vLLM image is ~10-20 GB: an hour covers a slow mirror; past that the pull is stuck, and a
+# run that waits forever holds the deploy lock for the whole fleet.
+PULL_TIMEOUT = 3600
+LOAD_TIMEOUT = 1800  # `docker load` of a local archive: disk speed only
+
+
 @operation(is_idempotent=True)
 def image(ref: str, archive: str | None = None):
     """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or `docker pull`
@@ -60,20 +68,25 @@ def image(ref: str, archive: str | None = None):
     if host.get_fact(ImageInfo, ref=ref) is not None:
         host.noop(f"image {ref} is present")
         return
+    q = shlex.quote
     if archive:
         if not os.path.isfile(archive):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return
-        tmp = f"/var/tmp/nemofleet-image-{os.getpid()}.tar"
+        # one name per archive (the deploy lock keeps two runs off one host), removed either way
+        tmp = f"/var/tmp/nemofleet-image-{os.path.basename(archive)}"
         yield FileUploadCommand(archive, tmp, remote_temp_filename=tmp)
-        yield StringCommand("sh", "-c", shlex.quote(
-            f"docker load -q -i {tmp} >/dev/null; rc=$?; rm -f {tmp}; "
+        yield StringCommand("sh", "-c", q(
+            f"timeout {LOAD_TIMEOUT} docker load -q -i {q(tmp)} >/dev/null; rc=$?; rm -f {q(tmp)}; "
+            f"[ $rc -ne 124 ] || {{ echo 'docker load of {archive} did not finish within {LOAD_TIMEOUT} s' >&2; exit 1; }}; "
             f"[ $rc -eq 0 ] || {{ echo 'docker load of {archive} failed' >&2; exit 1; }}; "
-            f"docker image inspect {shlex.quote(ref)} >/dev/null 2>&1 || "
+            f"timeout 30 docker image inspect {q(ref)} >/dev/null 2>&1 || "
             f"{{ echo 'the archive {os.path.basename(archive)} does not contain {ref}' >&2; exit 1; }}"))
         return
-    yield StringCommand("sh", "-c", shlex.quote(
-        f"docker pull -q {shlex.quote(ref)} >/dev/null || {{ echo 'docker pull {ref} failed: check registry-mirrors "
+    yield StringCommand("sh", "-c", q(
+        f"timeout {PULL_TIMEOUT} docker pull -q {q(ref)} >/dev/null; rc=$?; "
+        f"[ $rc -ne 124 ] || {{ echo 'docker pull {ref} did not finish within {PULL_TIMEOUT} s: check the registry mirror' >&2; exit 1; }}; "
+        f"[ $rc -eq 0 ] || {{ echo 'docker pull {ref} failed: check registry-mirrors "
         "in /etc/docker/daemon.json and the host network' >&2; exit 1; }"))
 
 

@@ -1,7 +1,7 @@
 """Probe that containers keep their GPUs across `systemctl daemon-reload`.
 
-The NVML "Unknown Error" trap (reference §3.3, NVIDIA/nvidia-docker#1730) is judged from facts
-by the plan; this checks it for real, the way reference §3.3 says to test a fix: start a test
+The NVML "Unknown Error" trap (NVIDIA/nvidia-docker#1730, docs/recipes.md) is judged from facts
+by the plan; this checks it for real, the way NVIDIA's troubleshooting notes test a fix: start a test
 container with the GPU the way the units get theirs, `systemctl daemon-reload`, then
 `nvidia-smi` in that container must still work. It runs before any vLLM unit (re)starts, and
 only when what decides GPU access changed (the signature, kept in STATE once the probe passed),
@@ -19,6 +19,8 @@ from ..paths import GPU_ACCESS as STATE, STATE_DIR
 # daemon.json keys that decide how containers get their GPUs (and so whether the trap applies)
 GPU_ACCESS_KEYS = ("exec-opts", "runtimes", "default-runtime", "features")
 CONTAINER = "nemofleet-gpu-probe"
+# each step is bounded: nvidia-smi in a container that lost its GPU can hang like on the host
+START_TIMEOUT, SMI_TIMEOUT, RELOAD_TIMEOUT = 120, 30, 60
 
 
 def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: str) -> str:
@@ -29,11 +31,12 @@ def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: s
         "set -u",
         "fail() { docker rm -f " + CONTAINER + " >/dev/null 2>&1; printf '%s\\n' \"$1\" >&2; exit 1; }",
         f"docker rm -f {CONTAINER} >/dev/null 2>&1",
-        f"out=$({' '.join(q(w) for w in run)} 2>&1) || fail \"a test container with the GPU could not start: $out\"",
-        f"before=$(docker exec {CONTAINER} nvidia-smi -L 2>&1) || "
+        f"out=$(timeout {START_TIMEOUT} {' '.join(q(w) for w in run)} 2>&1) || "
+        "fail \"a test container with the GPU could not start: $out\"",
+        f"before=$(timeout {SMI_TIMEOUT} docker exec {CONTAINER} nvidia-smi -L 2>&1) || "
         "fail \"nvidia-smi fails in a test container with the GPU: $before\"",
-        "systemctl daemon-reload",
-        f"after=$(docker exec {CONTAINER} nvidia-smi -L 2>&1) || fail \"the GPU probe failed: a running container "
+        f"timeout {RELOAD_TIMEOUT} systemctl daemon-reload",
+        f"after=$(timeout {SMI_TIMEOUT} docker exec {CONTAINER} nvidia-smi -L 2>&1) || fail \"the GPU probe failed: a running container "
         f"lost its GPU after systemctl daemon-reload ($after); {remedy_hint}\"",
         f"docker rm -f {CONTAINER} >/dev/null 2>&1",
         "[ \"$before\" = \"$after\" ] || fail \"the GPU probe failed: a running container saw other GPUs after "

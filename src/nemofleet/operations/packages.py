@@ -1,7 +1,7 @@
 """Pinned apt packages from a signed repository: the NVIDIA Container Toolkit and the driver.
 
 One operation owns a repository's keyring, its source list and an apt pin, installs the
-packages at the pinned version and holds them (reference §3.1). A host that already has
+packages at the pinned version and holds them (apt_preferences(5), apt-mark(8)). A host that already has
 them at that version, held, with the same files, changes nothing and costs two reads.
 `apt-get update` refreshes only this repository's list (no other source is contacted).
 """
