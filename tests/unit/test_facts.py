@@ -247,3 +247,36 @@ def test_a_hung_nvidia_smi_is_stopped_by_timeout(tmp_path, monkeypatch):
     assert fact["rc"] == 124 and fact["error"] == "nvidia-smi did not answer within 1 s (hung driver?)"
     cuda = subprocess.run(["sh", "-c", NvidiaCudaVersion().command()], capture_output=True, text=True, env=env, timeout=15)
     assert cuda.stdout.split() == ["TIMEOUT"]
+
+
+def _sim(tmp_path, fault=None, timeout=10):
+    import subprocess
+
+    sim = Path(__file__).resolve().parents[2] / "src" / "nemofleet" / "testbed" / "sim"
+    (tmp_path / "profile.json").write_text(json.dumps({
+        "driver": "580.159.04", "cuda": "13.0", "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771,
+                                                        "cc": "9.0", "bus_id": "00000000:00:06.0", "uuid": "GPU-1"}]}))
+    (tmp_path / "visible").write_text("all\n")  # as inside a container: no boot-time driver state needed
+    if fault:
+        (tmp_path / "smi-fault").write_text(fault + "\n")
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nexec python3 {sim / 'nvidia-smi'} \"$@\"\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "NEMOFLEET_SIM_DIR": str(tmp_path)}
+    return lambda cmd: subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env,
+                                      timeout=timeout).stdout.splitlines()
+
+
+def test_simulated_nvidia_smi_faults_are_opt_in(tmp_path, monkeypatch):
+    from nemofleet.facts import gpu
+
+    run = _sim(tmp_path)
+    assert NvidiaGpus().process(run(NvidiaGpus().command()))["gpus"][0]["memory_mib"] == 143771  # no fault: as before
+    (tmp_path / "smi-fault").write_text("garbage\n")
+    fact = NvidiaGpus().process(run(NvidiaGpus().command()))
+    assert fact["error"].startswith("nvidia-smi printed output nemofleet cannot read: 0, GPU-1, NVIDIA H200, [Unknown Error]")
+    assert NvidiaCudaVersion().process(run(NvidiaCudaVersion().command())) is None
+    (tmp_path / "smi-fault").write_text("hang\n")
+    monkeypatch.setattr(gpu, "SMI_TIMEOUT", 1)
+    assert NvidiaGpus().process(run(NvidiaGpus().command()))["rc"] == 124
