@@ -10,6 +10,7 @@ inventories/testbed.py reads. Nothing in .testbed/ is ever committed.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -31,6 +32,10 @@ PKG_MIRROR = f"{PREFIX}pkg-mirror"
 PKG_MIRROR_ALIAS = "pkg-mirror"
 PKG_MIRROR_PORT = 8091
 LABEL = "nemofleet.testbed=1"
+# which testbed a test host belongs to: the fingerprint of the SSH key it authorises, and the
+# testbed directory (for the sentence). Another checkout's host of the same name refuses our key.
+OWNER_LABEL = "nemofleet.testbed.owner"
+DIR_LABEL = "nemofleet.testbed.dir"
 DEFAULT_IMAGE = settings.DEFAULT_IMAGE
 MODEL_REPO = "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
 # Extra releases of the stand-in image, for rollout tests: a newer tag, and one told to fail.
@@ -173,13 +178,79 @@ def forget_host_key(port: int) -> None:
         subprocess.run(["ssh-keygen", "-q", "-R", f"[127.0.0.1]:{port}", "-f", str(known)], capture_output=True)
 
 
+def owner() -> str:
+    """This testbed's identity: sha256 of its SSH public key (16 hex digits)."""
+    pub = (Path(str(ensure_key()) + ".pub")).read_text().split()
+    return hashlib.sha256(" ".join(pub[:2]).encode()).hexdigest()[:16]
+
+
+def existing(name: str) -> dict | None:
+    """The labels of the container `name` ({} when it has none), or None when there is none."""
+    r = docker("inspect", "-f", "{{json .Config.Labels}}", name, check=False)
+    if r.returncode != 0:
+        return None
+    try:
+        return json.loads(r.stdout.strip() or "null") or {}
+    except ValueError:
+        return {}
+
+
+def authorized_keys(name: str) -> str | None:
+    r = docker("exec", name, "cat", "/root/.ssh/authorized_keys", check=False)
+    return r.stdout if r.returncode == 0 else None
+
+
+def reuse_decision(name: str, labels: dict | None, mine: str, my_pub: str, authorized: str | None = None,
+                   here: str = "") -> tuple[str, str | None]:
+    """What `up` does with the container `name`: ("create"|"reuse"|"replace"|"refuse", sentence).
+
+    A test host of this testbed (owner label = our key's fingerprint; or, made before the label
+    existed, one that authorises our key) is reused. A test host of another checkout (labelled
+    nemofleet.testbed=1, another or no owner) would refuse our SSH key, so it is replaced. Any
+    other container of that name is not ours to remove: refuse, saying how to fix it."""
+    if labels is None:
+        return "create", None
+    if labels.get(OWNER_LABEL) == mine:
+        return "reuse", None
+    key, value = LABEL.split("=")
+    if labels.get(key) != value:
+        return "refuse", (f"a container named {name} exists and is not a nemofleet test host; remove it "
+                          f"(docker rm -f {name}) or choose another prefix with NEMOFLEET_TESTBED_NAME")
+    if OWNER_LABEL not in labels and authorized is not None and my_pub.strip() in authorized:
+        return "reuse", None
+    where = labels.get(DIR_LABEL) or "an older checkout"
+    return "replace", (f"{name} is a test host of another testbed ({where}) that does not accept this "
+                       f"testbed's SSH key ({here or 'this checkout'}); replacing it (set NEMOFLEET_TESTBED_NAME "
+                       "to keep both)")
+
+
+def ensure_host(host: str, spec: dict, port: int, state: dict) -> None:
+    """Create, start or replace the container of `host` (see reuse_decision)."""
+    name = container(host)
+    labels = existing(name)
+    pub = Path(str(ensure_key()) + ".pub").read_text()
+    auth = authorized_keys(name) if labels is not None and OWNER_LABEL not in labels else None
+    action, sentence = reuse_decision(name, labels, owner(), pub, auth, str(testbed_dir()))
+    if action == "refuse":
+        raise RuntimeError(sentence)
+    if action == "reuse":
+        docker("start", name, check=False)
+        return
+    if action == "replace":
+        log(sentence)
+        destroy_host(host)
+    log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
+    create_host(host, spec, port, state)
+
+
 def create_host(host: str, spec: dict, port: int, state: dict, forget_key: bool = True) -> None:
     name = container(host)
     if forget_key:
         forget_host_key(port)
     vol = f"{name}-docker"
     docker("volume", "create", "--label", LABEL, vol)
-    docker("create", "--name", name, "--hostname", host, "--label", LABEL, *RUN_FLAGS,
+    docker("create", "--name", name, "--hostname", host, "--label", LABEL,
+           "--label", f"{OWNER_LABEL}={owner()}", "--label", f"{DIR_LABEL}={testbed_dir()}", *RUN_FLAGS,
            "-v", f"{vol}:/var/lib/docker", "--network", NETWORK, "-p", f"127.0.0.1:{port}:22",
            state.get("host_images", {}).get(spec.get("suite", images.SUITE), state["host_image"]))
     tmp = testbed_dir() / "tmp"
@@ -219,9 +290,20 @@ def wait_ssh(host: str, port: int, timeout: float = 120) -> None:
         if r.returncode == 0:
             return
         if time.time() > deadline:
-            logs = docker("exec", container(host), "systemctl", "--failed", "--no-legend", check=False).stdout
-            raise RuntimeError(f"test host {host} did not come up with sshd and dockerd in {timeout:.0f}s; failed units: {logs}")
+            raise RuntimeError(not_up_sentence(host, port, key, timeout))
         time.sleep(1)
+
+
+def not_up_sentence(host: str, port: int, key: Path, timeout: float) -> str:
+    """Why a test host is not reachable: a refused key says so (not "failed units")."""
+    r = subprocess.run(["ssh", "-i", str(key), "-p", str(port), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                        "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=3", "root@127.0.0.1", "true"],
+                       capture_output=True, text=True)
+    if "Permission denied" in r.stderr:
+        return (f"test host {host} on 127.0.0.1:{port} refuses this testbed's SSH key {key} (it was made by another "
+                f"checkout or testbed): run `nemofleet testbed recreate {host}`, or `nemofleet testbed down` then up")
+    logs = docker("exec", container(host), "systemctl", "--failed", "--no-legend", check=False).stdout
+    return f"test host {host} did not come up with sshd and dockerd in {timeout:.0f}s; failed units: {logs}"
 
 
 def ensure_secrets() -> None:
@@ -270,11 +352,7 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
         if host not in wanted:
             continue
         port = hosts.get(host, {}).get("port", base + i)
-        if docker("inspect", container(host), check=False).returncode != 0:
-            log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
-            create_host(host, spec, port, state)
-        else:
-            docker("start", container(host), check=False)
+        ensure_host(host, spec, port, state)
         hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {}}
     state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
                  mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
