@@ -20,7 +20,7 @@ from ..paths import GPU_ACCESS as STATE, STATE_DIR
 GPU_ACCESS_KEYS = ("exec-opts", "runtimes", "default-runtime", "features")
 CONTAINER = "nemofleet-gpu-probe"
 # each step is bounded: nvidia-smi in a container that lost its GPU can hang like on the host
-START_TIMEOUT, SMI_TIMEOUT, RELOAD_TIMEOUT = 120, 30, 60
+START_TIMEOUT, SMI_TIMEOUT = 120, 30
 
 
 def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: str) -> str:
@@ -35,7 +35,9 @@ def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: s
         "fail \"a test container with the GPU could not start: $out\"",
         f"before=$(timeout {SMI_TIMEOUT} docker exec {CONTAINER} nvidia-smi -L 2>&1) || "
         "fail \"nvidia-smi fails in a test container with the GPU: $before\"",
-        f"timeout {RELOAD_TIMEOUT} systemctl daemon-reload",
+        # bounded by systemctl itself (its reload call to PID 1 gives up after
+        # DAEMON_RELOAD_TIMEOUT_SEC, 10 min); a timeout(1) here would leave systemd mid-reload
+        "systemctl daemon-reload",
         f"after=$(timeout {SMI_TIMEOUT} docker exec {CONTAINER} nvidia-smi -L 2>&1) || fail \"the GPU probe failed: a running container "
         f"lost its GPU after systemctl daemon-reload ($after); {remedy_hint}\"",
         f"docker rm -f {CONTAINER} >/dev/null 2>&1",
