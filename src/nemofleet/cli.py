@@ -34,26 +34,9 @@ def gather_facts(inventory: str, limit: list[str]) -> dict:
 
 
 def host_data(inventory: str, limit: list[str]) -> dict:
-    """Merged host data per host (pyinfra debug-inventory --json)."""
-    from pyinfra.api import Config, State
-    from pyinfra.api.host import extract_callable_datas
-    from pyinfra_cli.inventory import make_inventory
+    from .rollout import host_data as read
 
-    from pyinfra.context import ctx_state
-
-    state = State(check_for_changes=False)
-    with ctx_state.use(state):
-        inv = make_inventory(inventory, cwd=os.getcwd())
-    state.init(inv, Config())
-    out = {}
-    for h in inv:
-        if limit and h.name not in limit:
-            continue
-        d: dict = {}
-        for layer in reversed(list(extract_callable_datas(h.data.datas))):
-            d.update(layer)
-        out[h.name] = d
-    return out
+    return read(inventory, limit)
 
 
 def cmd_plan(a) -> int:
@@ -92,15 +75,21 @@ def cmd_plan(a) -> int:
     return rc
 
 
-STATUS_CMD = r"""
-cat /var/lib/nemofleet/release 2>/dev/null | sed 's/^/release /'
-for u in /etc/systemd/system/nemofleet-vllm-*.service; do [ -e "$u" ] || continue; n=$(basename $u);
+def status_script(models_root: str, prom_dir: str) -> str:
+    """What `nemofleet status` reads on a host, with that host's own paths (settings)."""
+    from shlex import quote
+
+    from . import paths
+
+    return rf"""
+cat {paths.RELEASE} 2>/dev/null | sed 's/^/release /'
+for u in {paths.UNIT_GLOB}; do [ -e "$u" ] || continue; n=$(basename $u);
   echo "unit $n $(systemctl is-active $n)"; done
-cat /var/lib/prometheus/node-exporter/nemofleet.prom 2>/dev/null | grep -v '^#' | sed 's/^/prom /'
-for d in /srv/nemofleet/models/*/; do [ -d "$d" ] || continue; n=$(basename $d);
+cat {quote(prom_dir)}/nemofleet.prom 2>/dev/null | grep -v '^#' | sed 's/^/prom /'
+for d in {quote(models_root)}/*/; do [ -d "$d" ] || continue; n=$(basename $d);
   total=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metadata']['total_size'])" $d/model.safetensors.index.json 2>/dev/null || echo '?');
-  echo "weights $n $(du -sb --exclude=.cache $d | cut -f1) of $total bytes, $([ -f $d/.nemofleet-complete ] && echo complete || echo incomplete)"; done
-for u in $(systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do
+  echo "weights $n $(du -sb --exclude=.cache $d | cut -f1) of $total bytes, $([ -f $d/{paths.WEIGHTS_MARKER} ] && echo complete || echo incomplete)"; done
+for u in $(systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{{print $1}}'); do
   echo "download $u $(systemctl is-active $u): $(journalctl -u $u -n 1 --no-pager -o cat 2>/dev/null | tr '\r' '\n' | tail -1)"; done
 """
 
@@ -109,14 +98,23 @@ def cmd_status(a) -> int:
     """Per host: release (and drift from the inventory's plan), units, health, weights, downloads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import preflight as checks
-    from . import render, rollout
+    from . import desired, rollout, settings
 
-    hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    try:
+        hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    except ValueError as exc:
+        print(f"status: {exc}", file=sys.stderr)
+        return 2
     facts = gather_facts(a.inventory, a.limit)
     datas = host_data(a.inventory, a.limit)
+
+    def script(h):
+        d = {k: datas.get(h, {}).get(k) for k in ("models_root", "prom_dir")}
+        return status_script(d["models_root"] or settings.BY_NAME["models_root"].default,
+                             d["prom_dir"] or settings.BY_NAME["prom_dir"].default)
+
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        answers = dict(zip(hosts, pool.map(lambda h: rollout.on_host(a.inventory, h, STATUS_CMD), hosts)))
+        answers = dict(zip(hosts, pool.map(lambda h: rollout.on_host(a.inventory, h, script(h)), hosts)))
     rc = 0
     for h in hosts:
         code, text = answers[h]
@@ -129,9 +127,9 @@ def cmd_status(a) -> int:
         have = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
         want, planned = None, {}
         if h in facts and h in datas:
-            v = checks.check(h, facts[h], datas[h])
-            if v.plan and not v.refusals:
-                want = render.release_id(v.plan)
+            v = desired.build(h, datas[h], facts[h], {"vllm_api_key": "x" * 16})  # secrets are not in a release
+            if v.ok:
+                want = v.release_id
                 planned = {i.name: (",".join(str(g.index) for g in i.gpus), v.plan.served_name) for i in v.plan.instances}
         drift = "in sync" if have and have == want else f"DRIFT: inventory plans {want or '(refused)'}"
         print(f"   release {have or 'none'} ({drift})")
@@ -226,20 +224,29 @@ def cmd_rollback(a) -> int:
 def cmd_lock(a) -> int:
     from . import rollout
 
-    hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    try:
+        hosts = rollout.inventory_hosts(a.inventory, a.limit)
+    except ValueError as exc:
+        print(f"lock refused: {exc}", file=sys.stderr)
+        return 2
     if a.action == "status":
         for h, info in rollout.lock_status(a.inventory, hosts).items():
             print(f"{h:<14} " + (f"locked by {info['holder']} since {info['since']} {info.get('message', '')}" if info else "free"))
         return 0
+    token = f"manual:{rollout.operator()}"  # a lock taken by hand is released by the same operator
     if a.action == "acquire":
         try:
-            rollout.acquire(a.inventory, hosts, a.message)
+            rollout.acquire(a.inventory, hosts, a.message, token=token)
         except rollout.LockHeld as exc:
             print(f"lock refused: {exc}", file=sys.stderr)
             return 2
         print(f"locked {len(hosts)} host(s)")
         return 0
-    rollout.release_all(a.inventory, hosts)
+    refused = rollout.release_all(a.inventory, hosts, token=token, force=a.force)
+    if refused:
+        print(f"lock release refused on {', '.join(refused)}: held by someone else (see `nemofleet lock status`); "
+              "--force releases it anyway", file=sys.stderr)
+        return 2
     print(f"released {len(hosts)} host(s)")
     return 0
 
@@ -302,6 +309,7 @@ def main(argv=None) -> int:
     lk.add_argument("inventory")
     lk.add_argument("--limit", action="append", default=[])
     lk.add_argument("--message", default="")
+    lk.add_argument("--force", action="store_true", help="release a lock held by someone else")
     lk.set_defaults(fn=cmd_lock)
     rd = sub.add_parser("rebuild", help="disaster recovery: reinstalled host back to serving")
     rd.add_argument("inventory")

@@ -81,8 +81,10 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
         assert re.search(r"is locked by alice@\S+ since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(maintenance\)", out), out
         rc, status = nemofleet("lock", "status", "inventories/testbed.py")
         assert "locked by alice@" in status
+        rc, out = nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_OPERATOR": "bob"})
+        assert rc == 2 and "held by someone else" in out  # only the holder (or --force) releases
     finally:
-        nemofleet("lock", "release", "inventories/testbed.py")
+        nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_OPERATOR": "alice"})
     assert "free" in nemofleet("lock", "status", "inventories/testbed.py")[1]
 
 
