@@ -127,7 +127,7 @@ def cmd_status(a) -> int:
         have = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
         want, planned = None, {}
         if h in facts and h in datas:
-            v = desired.build(h, datas[h], facts[h], {"vllm_api_key": "x" * 16})  # secrets are not in a release
+            v = desired.build(h, datas[h], dict(facts[h], lock=None), {"vllm_api_key": "x" * 16})  # secrets are not in a release
             if v.ok:
                 want = v.release_id
                 planned = {i.name: (",".join(str(g.index) for g in i.gpus), v.plan.served_name) for i in v.plan.instances}

@@ -8,6 +8,7 @@ operations, and every operation yields nothing when the host already matches.
 from __future__ import annotations
 
 import os
+import time
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -60,7 +61,8 @@ def desired() -> Desired:
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
                         for e, r, v in to_resolve(d)}
-    return build(host.name, d, facts, read_secrets(d), operator=operator())
+    return build(host.name, d, facts, read_secrets(d), operator=operator(),
+                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time())
 
 
 @deploy("nemofleet preflight")

@@ -302,10 +302,28 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
                 d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
 
 
-def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root") -> Desired:
+def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
+    """A plain deploy refuses a host locked by someone else (a rollout, a rebuild, an operator);
+    the runs a rollout starts carry its token. An expired lock does not stop it."""
+    if not info or (token and info.get("token") == token):
+        return None
+    expires = info.get("expires")
+    if isinstance(expires, (int, float)) and expires < now:
+        return None
+    return (f"this host is locked by {info.get('holder')} since {info.get('since')}"
+            f"{' (' + info['message'] + ')' if info.get('message') else ''}; wait for it "
+            "(`nemofleet lock status`) or, if it is abandoned, `nemofleet lock release --force`")
+
+
+def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
+          lock_token: str | None = None, now: float = 0.0) -> Desired:
     """Everything this run should make true on `host`. Never raises for bad input: a host that
-    cannot serve comes back with `refusals` (one sentence each) and nothing else to apply."""
+    cannot serve comes back with `refusals` (one sentence each) and nothing else to apply.
+    `lock_token`/`now`: the deploy lock this run may hold, and the time (for the lock's expiry)."""
     d = Desired(host=host, summary=checks.summary(facts))
+    locked = lock_refusal(facts.get("lock"), lock_token, now)
+    if locked:
+        d.refusals.append(locked)
     for part, why in sorted((facts.get("errors") or {}).items()):
         d.refusals.append(f"could not read {part} on this host: {why}")
     s = _settings(host, _pin_revisions(data, facts, d), d)
@@ -381,5 +399,5 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
 def planned_release(host: str, facts: dict, data: dict) -> str | None:
     """The release id the inventory plans for a host (for `nemofleet status` drift), or None
     when the host would be refused. Secrets do not enter the release id."""
-    d = build(host, data, facts, {"vllm_api_key": "x" * 16})
+    d = build(host, data, dict(facts, lock=None), {"vllm_api_key": "x" * 16})
     return d.release_id if d.ok else None

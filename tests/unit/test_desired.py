@@ -151,3 +151,13 @@ def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():
     f["commits"] = {key: {"error": "http://m:8090 is unreachable from the host (refused)"}}
     bad = desired.build("h", data, f, SECRETS)
     assert not bad.ok and "could not resolve revision 'main'" in bad.refusals[0] and not bad.units
+
+
+def test_a_plain_deploy_refuses_a_host_locked_by_someone_else():
+    info = {"holder": "alice@ctl", "since": "2026-12-03T10:00:00Z", "token": "t1", "expires": 2000, "message": "drain"}
+    f = dict(facts(), lock=info)
+    d = desired.build("h", {}, f, SECRETS, now=1000)
+    assert not d.ok and "locked by alice@ctl since 2026-12-03T10:00:00Z (drain)" in d.refusals[0]
+    assert "nemofleet lock release --force" in d.refusals[0]
+    assert desired.build("h", {}, f, SECRETS, lock_token="t1", now=1000).ok  # the rollout's own run
+    assert desired.build("h", {}, f, SECRETS, now=3000).ok  # expired

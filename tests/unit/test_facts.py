@@ -70,7 +70,7 @@ def test_host_facts_real_h200_one_command_output():
     raw = lines("hostfacts.out")
     want = json.loads((H200 / "hostfacts.json").read_text())  # `pyinfra @local fact` a moment later
     want["disk_free"] = int(raw[raw.index("@@nemofleet-fact:disk_free") + 1])  # free space moved in between
-    for added in ("release", "gpu_access"):  # parts added after the capture: a missing section reads as absent
+    for added in ("release", "gpu_access", "lock"):  # parts added after the capture: a missing section reads as absent
         want.setdefault(added, None)
     want.setdefault("errors", {})  # key added after the capture: nothing unreadable there
     assert fact == want

@@ -65,6 +65,23 @@ class Release(FactBase):
         return out or None
 
 
+class DeployLock(FactBase):
+    """The deploy lock's info ({holder, token, since, expires, message}) or None when free."""
+
+    command = "cat /var/lib/nemofleet/lock/info 2>/dev/null || true"
+
+    def process(self, output):
+        import json
+
+        for line in output:
+            if line.strip().startswith("{"):
+                try:
+                    return json.loads(line)
+                except ValueError:
+                    break
+        return {"holder": "unknown", "since": "unknown", "token": None, "expires": None} if output else None
+
+
 class GpuAccessRecord(FactBase):
     """The signature of the GPU access setup that last passed the daemon-reload probe, or None."""
 
@@ -94,6 +111,7 @@ class HostFacts(FactBase):
         "image": (ImageInfo, {"ref": "image"}),
         "release": (Release, {}),
         "gpu_access": (GpuAccessRecord, {}),
+        "lock": (DeployLock, {}),
     }
     MARK = "@@nemofleet-fact:"
 
