@@ -1,7 +1,7 @@
 """Fleet rollouts, rollback, deploy lock and disaster-recovery rebuilds, on top of pyinfra.
 
 pyinfra runs each operation across all hosts and has no rolling batches, health gates,
-locks or rollback (reference §1.8, §10). nemofleet drives it per host with --limit, in
+locks or rollback (pyinfra docs: each operation completes on all hosts first). nemofleet drives it per host with --limit, in
 inventory order, the way Kamal rolls web apps -- adapted to GPUs, where the new container
 cannot start beside the old one: per host stop -> start the new release -> health gate,
 and a failed gate puts the previous release back (units and record kept on the host).
