@@ -216,7 +216,7 @@ def reuse_decision(name: str, labels: dict | None, mine: str, my_pub: str, autho
     if labels.get(key) != value:
         return "refuse", (f"a container named {name} exists and is not a nemofleet test host; remove it "
                           f"(docker rm -f {name}) or choose another prefix with NEMOFLEET_TESTBED_NAME")
-    if OWNER_LABEL not in labels and authorized is not None and my_pub.strip() in authorized:
+    if OWNER_LABEL not in labels and authorized is not None and " ".join(my_pub.split()[:2]) in authorized:
         return "reuse", None
     where = labels.get(DIR_LABEL) or "an older checkout"
     return "replace", (f"{name} is a test host of another testbed ({where}) that does not accept this "
