@@ -6,37 +6,40 @@
     nemofleet models
     nemofleet settings [--markdown]
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
+                      [--lock-ttl 2h]
     nemofleet rollback INVENTORY [--limit H]
-    nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M]
-    nemofleet rebuild INVENTORY HOST [--accept-new-host-key]
+    nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
+    nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
 import sys
 import time
 
 
 def gather_facts(inventory: str, limit: list[str]) -> dict:
-    """HostFacts of every host, read-only (pyinfra's `fact` command)."""
-    from .rollout import pyinfra
+    """HostFacts of every host, read-only (see nemofleet.fleet.driver)."""
+    from .fleet import driver
 
-    r = pyinfra(inventory, limit, "--json", "fact", "nemofleet.facts.host.HostFacts")
-    out = r.stdout
     try:
-        data = json.loads(out[out.index("{"):out.rindex("}") + 1])
-        return data.get("nemofleet.facts.host.HostFacts", data)
-    except ValueError:
-        sys.exit(f"could not read facts from {inventory}:\n{r.stderr[-2000:]}")
+        return driver.gather_facts(inventory, limit)
+    except driver.FleetError as exc:
+        print(f"nemofleet: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def host_data(inventory: str, limit: list[str]) -> dict:
-    from .rollout import host_data as read
+    """Merged host data per host (see nemofleet.fleet.driver)."""
+    from .fleet import driver
 
-    return read(inventory, limit)
+    try:
+        return driver.host_data(inventory, limit)
+    except driver.FleetError as exc:
+        print(f"nemofleet: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cmd_plan(a) -> int:
@@ -75,78 +78,35 @@ def cmd_plan(a) -> int:
     return rc
 
 
-def status_script(models_root: str, prom_dir: str) -> str:
-    """What `nemofleet status` reads on a host, with that host's own paths (settings)."""
-    from shlex import quote
+def _fleet(fn, what: str, *args, **kw):
+    """Run a fleet call; a FleetError (bad option, no such host, lock held) is one sentence, exit 2."""
+    from .fleet.driver import FleetError
 
-    from . import paths
-
-    return rf"""
-cat {paths.RELEASE} 2>/dev/null | sed 's/^/release /'
-for u in {paths.UNIT_GLOB}; do [ -e "$u" ] || continue; n=$(basename $u);
-  echo "unit $n $(systemctl is-active $n)"; done
-cat {quote(prom_dir)}/nemofleet.prom 2>/dev/null | grep -v '^#' | sed 's/^/prom /'
-for d in {quote(models_root)}/*/; do [ -d "$d" ] || continue; n=$(basename $d);
-  total=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metadata']['total_size'])" $d/model.safetensors.index.json 2>/dev/null || echo '?');
-  echo "weights $n $(du -sb --exclude=.cache $d | cut -f1) of $total bytes, $([ -f $d/{paths.WEIGHTS_MARKER} ] && echo complete || echo incomplete)"; done
-for u in $(systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{{print $1}}'); do
-  echo "download $u $(systemctl is-active $u): $(journalctl -u $u -n 1 --no-pager -o cat 2>/dev/null | tr '\r' '\n' | tail -1)"; done
-"""
+    try:
+        return fn(*args, **kw), 0
+    except FleetError as exc:
+        print(f"{what} refused: {exc}", file=sys.stderr)
+        return None, 2
 
 
 def cmd_status(a) -> int:
     """Per host: release (and drift from the inventory's plan), units, health, weights, downloads."""
-    from concurrent.futures import ThreadPoolExecutor
+    from .fleet import status
 
-    from . import desired, rollout, settings
-
-    try:
-        hosts = rollout.inventory_hosts(a.inventory, a.limit)
-    except ValueError as exc:
-        print(f"status: {exc}", file=sys.stderr)
-        return 2
-    facts = gather_facts(a.inventory, a.limit)
-    datas = host_data(a.inventory, a.limit)
-
-    def script(h):
-        d = {k: datas.get(h, {}).get(k) for k in ("models_root", "prom_dir")}
-        return status_script(d["models_root"] or settings.BY_NAME["models_root"].default,
-                             d["prom_dir"] or settings.BY_NAME["prom_dir"].default)
-
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        answers = dict(zip(hosts, pool.map(lambda h: rollout.on_host(a.inventory, h, script(h)), hosts)))
-    rc = 0
-    for h in hosts:
-        code, text = answers[h]
-        print(f"== {h}")
-        if code == 255:
+    rows, rc = _fleet(status.status, "status", a.inventory, a.limit)
+    for r in rows or []:
+        print(f"== {r.host}")
+        if not r.reachable:
             print("   unreachable")
             rc = 1
             continue
-        lines = text.splitlines()
-        have = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
-        want, planned = None, {}
-        if h in facts and h in datas:
-            v = desired.build(h, datas[h], dict(facts[h], lock=None), {"vllm_api_key": "x" * 16})  # secrets are not in a release
-            if v.ok:
-                want = v.release_id
-                planned = {i.name: (",".join(str(g.index) for g in i.gpus), v.plan.served_name) for i in v.plan.instances}
-        drift = "in sync" if have and have == want else f"DRIFT: inventory plans {want or '(refused)'}"
-        print(f"   release {have or 'none'} ({drift})")
-        ups = {m.group(1): m.group(2) for m in (re.match(r'prom nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)', ln) for ln in lines) if m}
-        last = {m.group(1): int(m.group(2)) for m in (re.match(r'prom nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)', ln) for ln in lines) if m}
-        for ln in lines:
-            if ln.startswith("unit "):
-                _, unit, state = ln.split()[:3]
-                name = unit[len("nemofleet-vllm-"):-len(".service")]
-                age = f"{time.time() - last[name]:.0f}s ago" if last.get(name) else "never"
-                health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
-                gpus, model = planned.get(name, ("?", "not in the plan"))
-                print(f"   {name:<14} {state:<10} {health:<10} last healthy {age:<10} GPU {gpus:<6} {model}")
-            elif ln.startswith(("weights ", "download ")):
-                print(f"   {ln}")
-        if drift != "in sync":
-            rc = 1
+        for p in r.problems:
+            print(f"   setting: {p}")
+        drift = "in sync" if r.in_sync else f"DRIFT: inventory plans {r.planned or '(refused)'}"
+        print(f"   release {r.release or 'none'} ({drift})")
+        for line in r.lines:
+            print(f"   {line}")
+        rc = rc or (0 if r.in_sync else 1)
     return rc
 
 
@@ -193,73 +153,85 @@ def _data(pairs: list[str]) -> dict:
     return out
 
 
-def cmd_rollout(a) -> int:
-    from . import rollout
+def _ttl(a) -> int:
+    from .fleet import lock
 
-    try:
-        o = rollout.rollout(a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures,
-                            window=a.wait, limit=a.limit, data=_data(a.data), message=a.message)
-    except (rollout.LockHeld, ValueError) as exc:
-        print(f"rollout refused: {exc}", file=sys.stderr)
-        return 2
+    return lock.parse_ttl(a.lock_ttl)
+
+
+def cmd_rollout(a) -> int:
+    from .fleet import rollout
+
+    o, rc = _fleet(lambda: rollout.rollout(
+        a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures, window=a.wait, limit=a.limit,
+        data=_data(a.data), message=a.message, ttl=_ttl(a)), "rollout")
+    if o is None:
+        return rc
     print(o.table())
     if o.halted:
         print(f"HALTED: {o.reason}", file=sys.stderr)
-        return 1
-    return 0 if all(r.result == "ok" for r in o.results) else 1
+    return 0 if o.ok else 1
 
 
 def cmd_rollback(a) -> int:
-    from . import rollout
+    from .fleet import rollout
 
-    try:
-        o = rollout.rollback(a.inventory, a.limit, window=a.wait)
-    except rollout.LockHeld as exc:
-        print(f"rollback refused: {exc}", file=sys.stderr)
-        return 2
+    o, rc = _fleet(lambda: rollout.rollback(a.inventory, a.limit, window=a.wait, ttl=_ttl(a)), "rollback")
+    if o is None:
+        return rc
     print(o.table())
-    return 1 if o.halted else 0
+    return 0 if o.ok else 1
 
 
 def cmd_lock(a) -> int:
-    from . import rollout
+    from .fleet import driver, lock, lockinfo
 
-    try:
-        hosts = rollout.inventory_hosts(a.inventory, a.limit)
-    except ValueError as exc:
-        print(f"lock refused: {exc}", file=sys.stderr)
-        return 2
+    hosts, rc = _fleet(driver.hosts, "lock", a.inventory, a.limit)
+    if hosts is None:
+        return rc
     if a.action == "status":
-        for h, info in rollout.lock_status(a.inventory, hosts).items():
-            print(f"{h:<14} " + (f"locked by {info['holder']} since {info['since']} {info.get('message', '')}" if info else "free"))
+        for h, info in lock.status(a.inventory, hosts).items():
+            if info and "error" in info:
+                print(f"{h:<14} unknown: {info['error']}")
+            elif info:
+                print(f"{h:<14} locked by {lockinfo.describe(info)}, {lockinfo.until(info, info.get('now'))}")
+            else:
+                print(f"{h:<14} free")
         return 0
-    token = f"manual:{rollout.operator()}"  # a lock taken by hand is released by the same operator
+    # a lock taken by hand: its token is the operator's own unless one is given, so the same
+    # operator releases it, and deploys run with NEMOFLEET_LOCK_TOKEN set to it pass the lock
+    token = os.environ.get(driver.LOCK_TOKEN_ENV) or f"manual:{driver.operator()}"
     if a.action == "acquire":
-        try:
-            rollout.acquire(a.inventory, hosts, a.message, token=token)
-        except rollout.LockHeld as exc:
-            print(f"lock refused: {exc}", file=sys.stderr)
-            return 2
-        print(f"locked {len(hosts)} host(s)")
+        held, rc = _fleet(lambda: lock.acquire(a.inventory, hosts, a.message, _ttl(a), token), "lock")
+        if held is None:
+            return rc
+        print(f"locked {len(held.hosts)} host(s) for {held.ttl // 60} min; deploys under this lock: "
+              f"export {driver.LOCK_TOKEN_ENV}={token}")
         return 0
-    refused = rollout.release_all(a.inventory, hosts, token=token, force=a.force)
+    answers = lock.release_hosts(a.inventory, hosts, token, a.force)
+    for h, sentence in answers.items():
+        print(f"{h:<14} {sentence}")
+    refused = [h for h, sentence in answers.items() if sentence.startswith("NOT")]
     if refused:
-        print(f"lock release refused on {', '.join(refused)}: held by someone else (see `nemofleet lock status`); "
+        print(f"lock release refused on {', '.join(refused)}: held by someone else (`nemofleet lock status`); "
               "--force releases it anyway", file=sys.stderr)
         return 2
-    print(f"released {len(hosts)} host(s)")
     return 0
 
 
 def cmd_rebuild(a) -> int:
-    from . import rollout
+    from .fleet import rebuild
 
     t0 = time.time()
     try:
-        stages = rollout.rebuild(a.inventory, a.host, a.accept_new_host_key, window=a.wait, data=_data(a.data))
-    except RuntimeError as exc:
+        stages, rc = _fleet(lambda: rebuild.rebuild(
+            a.inventory, a.host, a.accept_new_host_key, expect_host_key=a.expect_host_key, yes=a.yes,
+            window=a.wait, data=_data(a.data), ttl=_ttl(a)), "rebuild")
+    except rebuild.RebuildError as exc:
         print(f"rebuild of {a.host} failed: {exc}", file=sys.stderr)
         return 1
+    if stages is None:
+        return rc
     for k, v in stages.items():
         print(f"  {k:<12} {v:6.1f}s")
     print(f"{a.host} rebuilt and serving in {time.time() - t0:.1f}s")
@@ -289,6 +261,7 @@ def main(argv=None) -> int:
     st.set_defaults(fn=cmd_settings)
     m = sub.add_parser("models", help="the model catalog")
     m.set_defaults(fn=cmd_models)
+    ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h)"
     r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
     r.add_argument("inventory")
     r.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")
@@ -298,11 +271,13 @@ def main(argv=None) -> int:
     r.add_argument("--limit", action="append", default=[])
     r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
     r.add_argument("--message", default="")
+    r.add_argument("--lock-ttl", default="2h", help=ttl_help)
     r.set_defaults(fn=cmd_rollout)
     rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
     rb.add_argument("inventory")
     rb.add_argument("--limit", action="append", default=[])
     rb.add_argument("--wait", type=float, default=1200)
+    rb.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rb.set_defaults(fn=cmd_rollback)
     lk = sub.add_parser("lock", help="the deploy lock on each host")
     lk.add_argument("action", choices=["status", "acquire", "release"])
@@ -310,13 +285,18 @@ def main(argv=None) -> int:
     lk.add_argument("--limit", action="append", default=[])
     lk.add_argument("--message", default="")
     lk.add_argument("--force", action="store_true", help="release a lock held by someone else")
+    lk.add_argument("--lock-ttl", default="2h", help=ttl_help)
     lk.set_defaults(fn=cmd_lock)
     rd = sub.add_parser("rebuild", help="disaster recovery: reinstalled host back to serving")
     rd.add_argument("inventory")
     rd.add_argument("host")
-    rd.add_argument("--accept-new-host-key", action="store_true")
+    rd.add_argument("--accept-new-host-key", action="store_true", help="replace a changed SSH host key")
+    rd.add_argument("--expect-host-key", metavar="SHA256:...",
+                    help="the fingerprint the new host key must have (read on the host's console)")
+    rd.add_argument("--yes", action="store_true", help="trust a new host key without an expected fingerprint")
     rd.add_argument("--wait", type=float, default=1200)
     rd.add_argument("--data", action="append", default=[])
+    rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rd.set_defaults(fn=cmd_rebuild)
     a = ap.parse_args(argv)
     return a.fn(a)

@@ -305,14 +305,9 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
 def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
     """A plain deploy refuses a host locked by someone else (a rollout, a rebuild, an operator);
     the runs a rollout starts carry its token. An expired lock does not stop it."""
-    if not info or (token and info.get("token") == token):
-        return None
-    expires = info.get("expires")
-    if isinstance(expires, (int, float)) and expires < now:
-        return None
-    return (f"this host is locked by {info.get('holder')} since {info.get('since')}"
-            f"{' (' + info['message'] + ')' if info.get('message') else ''}; wait for it "
-            "(`nemofleet lock status`) or, if it is abandoned, `nemofleet lock release --force`")
+    from .facts.lock import lock_refusal as refusal
+
+    return refusal(info, token, now)
 
 
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",

@@ -272,6 +272,9 @@ KEYS: list[Key] = [
         secret=True, pattern=SAFE_URL),
     Key("prom_dir", (_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
         pattern=ABS_PATH),
+    Key("expected_host_key", (_S, _N), None,
+        "SSH host key fingerprint `nemofleet rebuild` expects of the reinstalled host (SHA256:...)", "fleet",
+        pattern=r"SHA256:[A-Za-z0-9+/]{43}"),
     # --- opt-in installs
     Key("install_container_toolkit", (_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
         "bootstrap"),

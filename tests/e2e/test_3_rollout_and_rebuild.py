@@ -125,7 +125,10 @@ def test_disaster_recovery_rebuild_of_a_destroyed_host(converged):
     from conftest import clear_mirror_log, mirror_log
 
     clear_mirror_log()
-    rc, out = nemofleet("rebuild", "inventories/testbed.py", "h200-1", "--accept-new-host-key", "--wait", "120",
+    # the operator reads the new key's fingerprint on the host's console (here: docker exec)
+    fingerprint = on("h200-1", "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
+    rc, out = nemofleet("rebuild", "inventories/testbed.py", "h200-1", "--accept-new-host-key",
+                        "--expect-host-key", fingerprint, "--wait", "120",
                         "--data", f"weights_seed_from={testbed.container('a100-1')}")
     assert rc == 0, out
     # the weights came from the peer, verified on this host: the mirror served no file

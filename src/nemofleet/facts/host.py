@@ -9,6 +9,7 @@ from pyinfra.api import FactBase
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
 from .weights import ModelsOnDisk
 
 
@@ -63,23 +64,6 @@ class Release(FactBase):
             if sep:
                 out[key.strip()] = value.strip()
         return out or None
-
-
-class DeployLock(FactBase):
-    """The deploy lock's info ({holder, token, since, expires, message}) or None when free."""
-
-    command = "cat /var/lib/nemofleet/lock/info 2>/dev/null || true"
-
-    def process(self, output):
-        import json
-
-        for line in output:
-            if line.strip().startswith("{"):
-                try:
-                    return json.loads(line)
-                except ValueError:
-                    break
-        return {"holder": "unknown", "since": "unknown", "token": None, "expires": None} if output else None
 
 
 class GpuAccessRecord(FactBase):

@@ -1,0 +1,34 @@
+"""The deploy lock as a pyinfra fact, for the deploy's preflight.
+
+    info = host.get_fact(DeployLock)
+    why = lock_refusal(info, os.environ.get("NEMOFLEET_LOCK_TOKEN"), time.time())
+
+A rollout exports its lock token to the deploys it runs (NEMOFLEET_LOCK_TOKEN), so its own
+deploy goes on while a plain `pyinfra ... deploys/nemotron.py` of someone else is refused with
+the holder's name. The lock itself: nemofleet.fleet.commands (layout) and nemofleet.fleet.lock.
+"""
+
+from __future__ import annotations
+
+from pyinfra.api import FactBase
+
+from ..fleet import commands, lockinfo
+from ..fleet.lockinfo import lock_refusal
+
+__all__ = ["DeployLock", "lock_refusal"]
+
+
+class DeployLock(FactBase):
+    """The lock's info {holder, token_sha256, since, expires, message, now} or None when free.
+    `now` is the host's clock, the one `expires` was written with."""
+
+    command = commands.lock_status()  # always exits 0
+
+    def process(self, output):
+        out = lockinfo.parse(output)
+        if out.get("state") != "HELD":
+            return None
+        info = lockinfo.holder_info(out) or {"holder": "unknown"}
+        if "now" in out:
+            info["now"] = out["now"]
+        return info

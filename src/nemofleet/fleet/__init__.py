@@ -1,0 +1,15 @@
+"""The fleet layer: rollout, rollback, the deploy lock, rebuild and status, on top of pyinfra.
+
+pyinfra runs each operation across all hosts and has no rolling batches, health gates, locks
+or rollback. nemofleet drives it per host with --limit, the way Kamal rolls web apps:
+
+- driver.py   the only code that runs pyinfra (`python -m pyinfra`), reads host data and facts
+- commands.py the shell commands run on hosts, as pure functions (golden-tested)
+- lockinfo.py parsing and wording of the deploy lock (also used by the deploy's DeployLock fact)
+- lock.py     `with_lock(...)`: the one way rollout, rollback, rebuild and `nemofleet lock` lock
+- rollout.py  batches, the health gate, rollout, rollback
+- rebuild.py  disaster recovery of a reinstalled host (host key check first)
+- status.py   release, drift, units, health and weights per host
+
+cli.py imports this package, never the reverse.
+"""

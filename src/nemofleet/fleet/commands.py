@@ -1,0 +1,186 @@
+"""The shell commands the fleet layer runs on a host, as pure functions (no I/O).
+
+Like Kamal's lib/kamal/commands/*.rb: every remote step is a string built here, golden-tested
+with exact strings and run with `bash` against a temporary state directory
+(tests/unit/test_fleet_commands.py). Scripts are POSIX sh (the host's /bin/sh may be dash),
+print `key=value` lines the controller parses (see `nemofleet.fleet.lockinfo.parse`), and
+bound every wait they contain (`flock -w`, `timeout`).
+
+Lock layout: `paths.LOCK` is a directory made with an atomic `mkdir` (whoever creates it holds
+the lock); `LOCK/info` holds `holder=`, `token_sha256=`, `since=`, `expires=` (Unix time) and
+`message=`. Only the SHA-256 of the holder's token is stored: reading the info file (lock status,
+the deploy's DeployLock fact) never reveals a token that would release the lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+
+from .. import paths
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def one_line(text: str) -> str:
+    """Free text (a lock message, an audit detail) as one printable line: a newline in it would
+    forge a key of the info file or a line of the audit log."""
+    return _CONTROL.sub(" ", text).strip()
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+_LOCK_VARS = f"s={paths.STATE_DIR}; d={paths.LOCK}; now=$(date +%s)"
+
+
+def _show_info(prefix: str = "") -> str:
+    """Print the info file's lines (prefixed), or a marker when it is missing or unreadable."""
+    sed = f"sed 's/^/{prefix}/' \"$d/info\"" if prefix else "cat \"$d/info\""
+    return f"if [ -r \"$d/info\" ]; then {sed}; else echo {prefix}holder=unknown; fi"
+
+
+def lock_acquire(holder: str, token: str, ttl: int, message: str) -> str:
+    """Take the deploy lock. Prints `state=ACQUIRED` (ours now), `state=OWNED` (already held with
+    this token: a rollout run under `nemofleet lock acquire`'s token) or `state=HELD` and the
+    holder's info. An expired lock is taken over first (`expired_*=` lines name the old holder);
+    the takeover renames the old directory away and re-checks that it moved the expired lock
+    (not a fresh one taken meanwhile by another controller), else puts it back."""
+    digest = token_digest(token)
+    fields = "holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n"
+    write = (f"printf '{fields}' {shlex.quote(one_line(holder))} {digest} \"$(date -u +%FT%TZ)\" "
+             f"\"$((now + {int(ttl)}))\" {shlex.quote(one_line(message))}")
+    return (
+        f"{_LOCK_VARS}; mkdir -p \"$s\"\n"
+        f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {digest} ]; then "
+        "echo state=OWNED; echo now=$now; exit 0; fi\n"
+        "exp=$(sed -n 's/^expires=//p' \"$d/info\" 2>/dev/null)\n"
+        "case $exp in ''|*[!0-9]*) exp='';; esac\n"
+        "if [ -d \"$d\" ] && [ -n \"$exp\" ] && [ \"$exp\" -le \"$now\" ]; then\n"
+        "  t=\"$d.expired.$$\"\n"
+        "  if mv \"$d\" \"$t\" 2>/dev/null; then\n"
+        "    if [ \"$(sed -n 's/^expires=//p' \"$t/info\" 2>/dev/null)\" = \"$exp\" ]; then\n"
+        "      sed 's/^/expired_/' \"$t/info\"; rm -rf \"$t\"\n"
+        "    else mv \"$t\" \"$d\" 2>/dev/null || true; fi\n"
+        "  fi\n"
+        "fi\n"
+        "if mkdir \"$d\" 2>/dev/null; then\n"
+        f"  {write} > \"$d/info.tmp\" && mv \"$d/info.tmp\" \"$d/info\"\n"
+        "  echo state=ACQUIRED\n"
+        f"else echo state=HELD; {_show_info()}; fi\n"
+        "echo now=$now\n")
+
+
+def lock_release(token: str | None, force: bool = False) -> str:
+    """Release the lock: only with the holder's token, or `force` (a lock whose holder is gone).
+    Prints `state=RELEASED` (with the released holder's info when forced), `state=FREE` (no lock)
+    or `state=NOT_HOLDER` and the holder's info."""
+    digest = token_digest(token) if token else "-"
+    allowed = "true" if force else f"[ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {digest} ]"
+    shown = f"{_show_info('released_')}; " if force else ""
+    return (
+        f"{_LOCK_VARS}\n"
+        "if [ ! -d \"$d\" ]; then echo state=FREE; exit 0; fi\n"
+        f"if {allowed}; then\n"
+        f"  {shown}t=\"$d.released.$$\"; mv \"$d\" \"$t\" && rm -rf \"$t\" && echo state=RELEASED\n"
+        f"else echo state=NOT_HOLDER; {_show_info()}; fi\n")
+
+
+def lock_refresh(token: str, ttl: int) -> str:
+    """Push the holder's expiry to now + ttl (a rollout does this before every batch, so a long
+    rollout is not taken over). Prints `state=REFRESHED`, or `state=LOST` and the info of
+    whoever holds it now (ours expired and was taken over, or was force-released)."""
+    digest = token_digest(token)
+    return (
+        f"{_LOCK_VARS}\n"
+        f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {digest} ]; then\n"
+        f"  sed \"s/^expires=.*/expires=$((now + {int(ttl)}))/\" \"$d/info\" > \"$d/info.tmp\" "
+        "&& mv \"$d/info.tmp\" \"$d/info\" && echo state=REFRESHED\n"
+        "elif [ -d \"$d\" ]; then echo state=LOST; " + _show_info() + "\n"
+        "else echo state=LOST; fi\n")
+
+
+def lock_status() -> str:
+    """Read the lock: `state=FREE`, or `state=HELD` and its info; `now=` is the host's clock (an
+    expiry is judged against the host that wrote it). Always exits 0 (the DeployLock fact)."""
+    return (f"{_LOCK_VARS}\n"
+            f"if [ -d \"$d\" ]; then echo state=HELD; {_show_info()}; else echo state=FREE; fi\n"
+            "echo now=$now\n")
+
+
+def release_read() -> str:
+    """The release record (`id=`, `image=`, ...) and a digest of the unit files: a rollout compares
+    both before and after the deploy to know whether it touched the host at all."""
+    return (f"cat {paths.RELEASE} 2>/dev/null; "
+            f"printf 'units_sha256=%s\\n' \"$(cat {paths.UNIT_GLOB} 2>/dev/null | sha256sum | cut -c1-16)\"")
+
+
+def keep_previous() -> str:
+    """Keep the release being replaced (units + record) so a rollback can return to it."""
+    d = paths.PREVIOUS
+    return (f"set -e; d={d}; rm -rf $d.new; mkdir -p $d.new; "
+            f"cp {paths.UNIT_GLOB} $d.new/ 2>/dev/null || true; "
+            f"cp {paths.RELEASE} $d.new/release; rm -rf $d; mv $d.new $d")
+
+
+def rollback(expect: str | None = None) -> str:
+    """Put the kept release back: its units replace the current ones (units it does not have are
+    stopped and removed), its record becomes the release. With `expect`, refuse unless the kept
+    release is that id: a rollout rolls a host back only to the release it replaced on it."""
+    p, unit_dir = paths.PREVIOUS, paths.UNIT_DIR
+    guard = (f"k=$(sed -n 's/^id=//p' $p/release)\n"
+             f"[ \"$k\" = {shlex.quote(expect)} ] || {{ echo \"the kept release is $k, not {expect}: not rolling back\" >&2; exit 1; }}\n"
+             if expect else "")
+    return (
+        "set -e\n"
+        f"p={p}\n"
+        "[ -f $p/release ] || { echo 'no previous release kept on this host' >&2; exit 1; }\n"
+        f"{guard}"
+        f"for u in {paths.UNIT_GLOB}; do\n"
+        "  [ -e \"$u\" ] || continue; n=$(basename $u)\n"
+        "  if [ ! -e $p/$n ]; then timeout 300 systemctl disable --now $n; rm -f $u; fi\n"
+        "done\n"
+        f"cp $p/{paths.UNIT_PREFIX}*.service {unit_dir}/\n"
+        f"cp {paths.RELEASE} {paths.RELEASE}.rolled-back 2>/dev/null || true\n"
+        f"cp $p/release {paths.RELEASE}\n"
+        "timeout 120 systemctl daemon-reload\n"
+        f"for u in $p/{paths.UNIT_PREFIX}*.service; do n=$(basename $u); "
+        "timeout 60 systemctl enable -q $n; timeout 60 systemctl restart --no-block $n; done\n"
+        f"echo \"rolled back to $(sed -n 's/^id=//p' {paths.RELEASE})\"\n")
+
+
+def audit_command(operator: str, event: str, detail: str) -> str:
+    """One line appended to the host's audit log: `<UTC time> <operator> <event> <detail>`.
+    The only audit writer (rollout, rollback, rebuild, and the deploy's release change)."""
+    line = one_line(f"{operator} {event} {detail}")
+    return (f"mkdir -p {paths.STATE_DIR} && printf '%s %s\\n' \"$(date -u +%FT%TZ)\" {shlex.quote(line)} "
+            f">> {paths.AUDIT_LOG}")
+
+
+def gate() -> str:
+    """One readiness check of every instance: the health script the deploy installed (/health
+    200, the model listed, the optional probe), serialised with its cron runs by the same lock.
+    FAIL_RESTART=0: the gate only looks; it never self-heal-restarts an instance it waits for."""
+    return f"FAIL_RESTART=0 timeout 180 flock -w 60 {paths.HEALTH_LOCK} {paths.HEALTH_SCRIPT}"
+
+
+def status(models_root: str, prom_dir: str) -> str:
+    """What `nemofleet status` shows of a host: release record, units (state and description,
+    which names the GPUs and model), health metrics, weights on disk, downloads in progress."""
+    root, prom = shlex.quote(models_root.rstrip("/")), shlex.quote(f"{prom_dir.rstrip('/')}/nemofleet.prom")
+    return (
+        f"sed 's/^/release /' {paths.RELEASE} 2>/dev/null\n"
+        f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename $u)\n"
+        "  echo \"unit $n $(timeout 10 systemctl is-active $n) $(sed -n 's/^Description=//p' $u)\"; done\n"
+        f"grep -v '^#' {prom} 2>/dev/null | sed 's/^/prom /'\n"
+        f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename $d)\n"
+        "  total=$(timeout 10 python3 -c \"import json,sys; print(json.load(open(sys.argv[1]))['metadata']['total_size'])\" "
+        "$d/model.safetensors.index.json 2>/dev/null || echo '?')\n"
+        "  echo \"weights $n $(timeout 60 du -sb --exclude=.cache $d | cut -f1) of $total bytes, "
+        f"$([ -f $d/{paths.WEIGHTS_MARKER} ] && echo complete || echo incomplete)\"; done\n"
+        "for u in $(timeout 10 systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do\n"
+        "  echo \"download $u $(timeout 10 systemctl is-active $u): "
+        "$(timeout 10 journalctl -u $u -n 1 --no-pager -o cat 2>/dev/null | tr '\\r' '\\n' | tail -1)\"; done\n"
+        "true\n")

@@ -1,0 +1,201 @@
+"""The only code that runs pyinfra for the fleet commands.
+
+pyinfra is run as `sys.executable -m pyinfra` (the interpreter nemofleet runs under, so a
+package on PYTHONPATH works without a `pyinfra` script beside it), one process per step,
+`--limit` per host. Every call is bounded by a timeout and answers a result object, never an
+exception: a timed-out deploy still lets the rollout roll back, print its summary and audit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import getpass
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+RC_MARK = "@@nemofleet-rc="
+TIMEOUT_RC = 124
+LOCK_TOKEN_ENV = "NEMOFLEET_LOCK_TOKEN"
+
+
+class FleetError(Exception):
+    """A command that cannot start (bad options, no such host, lock held): one sentence; exit 2."""
+
+
+@dataclass
+class Result:
+    """One pyinfra run: its exit status (124 on timeout), stdout and stderr as text."""
+    rc: int
+    stdout: str
+    stderr: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+
+    @property
+    def out(self) -> str:
+        return self.stdout + self.stderr
+
+
+@dataclass
+class Exec:
+    """A shell snippet's answer from one host: its exit status and output lines (stdout and
+    stderr, interleaved as pyinfra prints them). rc 255 when pyinfra could not connect."""
+    host: str
+    rc: int
+    text: str
+    reachable: bool = True
+
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+
+def operator() -> str:
+    """Who runs this, for locks and the audit log: $NEMOFLEET_OPERATOR or the login, @ this machine."""
+    return f"{os.environ.get('NEMOFLEET_OPERATOR') or getpass.getuser()}@{socket.gethostname()}"
+
+
+def _text(value) -> str:
+    # TimeoutExpired carries bytes even when text=True was asked for (CPython gh-87597)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value or ""
+
+
+def argv(inventory: str, hosts: list[str], args: list[str], data: dict | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "pyinfra", "-y", inventory]
+    for h in hosts:
+        cmd += ["--limit", h]
+    for k, v in (data or {}).items():
+        cmd += ["--data", f"{k}={v}"]
+    return cmd + list(args)
+
+
+def run(inventory: str, hosts: list[str], *args: str, data: dict | None = None, timeout: float = 600,
+        env: dict | None = None) -> Result:
+    """Run pyinfra on `hosts`; never raises for a failure or a timeout of the run itself."""
+    cmd = argv(inventory, hosts, list(args), data)
+    full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        return Result(p.returncode, p.stdout, p.stderr, seconds=time.time() - t0)
+    except subprocess.TimeoutExpired as exc:
+        return Result(TIMEOUT_RC, _text(exc.stdout), _text(exc.stderr) + f"\npyinfra timed out after {timeout:.0f}s",
+                      timed_out=True, seconds=time.time() - t0)
+    except OSError as exc:
+        return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
+
+
+def connected(out: str, host: str) -> bool:
+    return re.search(rf"^\s*\[{re.escape(host)}\]\s+Connected\s*$", out, re.M) is not None
+
+
+def _connect_error(r: Result, host: str) -> str:
+    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(Could not connect.*)$", r.out, re.M)
+    if m:
+        return m.group(1).strip()
+    return "timed out before connecting" if r.timed_out else f"no answer: {r.out.strip()[-200:]}"
+
+
+def _host_lines(out: str, host: str) -> list[str]:
+    """Command output of `host`: pyinfra prints it at column 0 as `[host] text` (its own status
+    lines are indented)."""
+    prefix = f"[{host}]"
+    return [line[len(prefix):].strip() for line in out.splitlines() if line.startswith(prefix + " ")
+            or line == prefix]
+
+
+def exec_all(inventory: str, hosts: list[str], script: str, timeout: float = 120,
+             env: dict | None = None) -> dict[str, Exec]:
+    """Run a shell snippet on every host in one pyinfra process (in parallel); {host: Exec}.
+    The snippet's own exit status comes back in a marker line, so one failing host does not
+    hide the others' answers."""
+    if not hosts:
+        return {}
+    command = f"sh -c {shlex.quote(script)}; echo {RC_MARK}$?"
+    r = run(inventory, hosts, "exec", "--", command, timeout=timeout, env=env)
+    out = {}
+    for h in hosts:
+        if not connected(r.out, h):
+            out[h] = Exec(h, 255, _connect_error(r, h), reachable=False)
+            continue
+        lines = _host_lines(r.out, h)
+        marks = [ln for ln in lines if ln.startswith(RC_MARK)]
+        rc = int(marks[-1][len(RC_MARK):]) if marks else (TIMEOUT_RC if r.timed_out else 1)
+        out[h] = Exec(h, rc, "\n".join(ln for ln in lines if not ln.startswith(RC_MARK)))
+    return out
+
+
+def on_host(inventory: str, host: str, script: str, timeout: float = 120, env: dict | None = None) -> Exec:
+    return exec_all(inventory, [host], script, timeout, env)[host]
+
+
+def _inventory(inventory: str):
+    from pyinfra.api import Config, State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    state = State(check_for_changes=False)
+    with ctx_state.use(state):
+        inv = make_inventory(inventory, cwd=os.getcwd())
+    state.init(inv, Config())
+    return inv
+
+
+def _select(inv, inventory: str, limit: list[str]) -> list:
+    """Hosts matching `--limit` the way pyinfra matches it (a group name, else a glob on host
+    names), in inventory order. An empty inventory or a pattern that matches nothing is an error:
+    a rollout of nothing must not succeed silently."""
+    everyone = list(inv)
+    if not everyone:
+        raise FleetError(f"{inventory} has no hosts")
+    if not limit:
+        return everyone
+    chosen = set()
+    for pattern in limit:
+        group = [h for h in everyone if pattern in (h.groups or [])]
+        hits = group or [h for h in everyone if fnmatch.fnmatch(h.name, pattern)]
+        if not hits:
+            raise FleetError(f"--limit {pattern} matches no host or group of {inventory} "
+                             f"(hosts: {', '.join(h.name for h in everyone[:10])}{' ...' if len(everyone) > 10 else ''})")
+        chosen.update(h.name for h in hits)
+    return [h for h in everyone if h.name in chosen]
+
+
+def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]:
+    """Merged host data per host (group data, then the host's own), in inventory order."""
+    from pyinfra.api.host import extract_callable_datas
+
+    inv = _inventory(inventory)
+    out = {}
+    for h in _select(inv, inventory, list(limit or [])):
+        merged: dict = {}
+        for layer in reversed(list(extract_callable_datas(h.data.datas))):
+            merged.update(layer)
+        out[h.name] = merged
+    return out
+
+
+def hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
+    return list(host_data(inventory, limit))
+
+
+def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float = 600) -> dict:
+    """HostFacts of every host, read-only (pyinfra's `fact` command); {host: facts} for the hosts
+    that answered (an unreachable host is absent)."""
+    names = hosts(inventory, limit)
+    r = run(inventory, list(limit or []), "--json", "fact", "nemofleet.facts.host.HostFacts", timeout=timeout)
+    try:
+        data = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    except ValueError:
+        raise FleetError(f"could not read facts from {inventory}: {r.out.strip()[-500:]}") from None
+    data = data.get("nemofleet.facts.host.HostFacts", data)
+    return {h: data[h] for h in names if data.get(h) is not None}

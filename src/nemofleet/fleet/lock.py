@@ -1,0 +1,158 @@
+"""The deploy lock: `with_lock(...)`, the one way rollout, rollback, rebuild and `nemofleet lock`
+take it.
+
+On every host an atomic `mkdir` (commands.lock_acquire) with an info file: holder
+(operator@machine), the SHA-256 of a random token, since, expiry (default 2 h) and a message.
+Only the token's holder releases it (`--force` breaks an abandoned lock); an expired lock is
+taken over, and the takeover is reported. The token goes to the pyinfra deploys the holder
+runs as NEMOFLEET_LOCK_TOKEN, so the deploy's preflight (facts/lock.py) lets them through and
+refuses a foreign plain deploy. A token already in the environment (printed by
+`nemofleet lock acquire`) is reused: the rollout then runs under that lock and leaves it held.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from . import commands, driver, lockinfo
+from .driver import LOCK_TOKEN_ENV, FleetError
+
+DEFAULT_TTL = 2 * 3600
+LOCK_TIMEOUT = 120  # seconds for one lock command on all hosts
+
+
+class LockHeld(FleetError):
+    """Another holder has the lock on a host (the sentence names them)."""
+
+
+def parse_ttl(text: str) -> int:
+    """'7200', '90m', '2h', '1d' -> seconds (at least 60)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise FleetError(f"--lock-ttl {text!r} must be seconds or N followed by s, m, h or d (e.g. 2h)")
+    seconds = int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if seconds < 60:
+        raise FleetError(f"--lock-ttl {text} is under a minute; a rollout would lose its lock mid-batch")
+    return seconds
+
+
+def held_sentence(host: str, info: dict | None) -> str:
+    return (f"{host} is locked by {lockinfo.describe(info or {})}; wait for it (`nemofleet lock status`) "
+            "or, if it is abandoned, break it with `nemofleet lock release --force`")
+
+
+@dataclass
+class Held:
+    """A lock this process took (`acquired`) or runs under (`owned`: taken earlier with the same token)."""
+    inventory: str
+    token: str
+    ttl: int
+    acquired: list[str] = field(default_factory=list)
+    owned: list[str] = field(default_factory=list)
+
+    @property
+    def hosts(self) -> list[str]:
+        return self.acquired + self.owned
+
+    def env(self) -> dict:
+        """Environment for the pyinfra runs made under this lock."""
+        return {LOCK_TOKEN_ENV: self.token}
+
+    def refresh(self) -> list[str]:
+        """Push the expiry out on every host; one sentence per host where the lock was lost."""
+        lost = []
+        for h, e in driver.exec_all(self.inventory, self.hosts, commands.lock_refresh(self.token, self.ttl),
+                                    LOCK_TIMEOUT).items():
+            out = lockinfo.parse(e.lines())
+            if out.get("state") != "REFRESHED" and e.reachable:
+                info = lockinfo.holder_info(out)
+                lost.append(f"the lock on {h} was lost" + (f" to {lockinfo.describe(info)}" if info else
+                                                           " (released by someone else)"))
+        return lost
+
+
+def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_TTL,
+            token: str | None = None, log=print) -> Held:
+    """Take the lock on every host at once; on any refusal give back what was taken and raise."""
+    held = Held(inventory, token or os.environ.get(LOCK_TOKEN_ENV) or secrets.token_hex(16), ttl)
+    answers = driver.exec_all(inventory, hosts, commands.lock_acquire(driver.operator(), held.token, ttl, message),
+                              LOCK_TIMEOUT)
+    problems = []
+    for h in hosts:
+        e = answers[h]
+        out = lockinfo.parse(e.lines())
+        state = out.get("state")
+        if state == "ACQUIRED":
+            held.acquired.append(h)
+            old = lockinfo.holder_info(out, "expired_")
+            if old:
+                log(f"{h}: the lock of {lockinfo.describe(old)} had expired; taken over")
+        elif state == "OWNED":
+            held.owned.append(h)
+        elif state == "HELD":
+            problems.append(held_sentence(h, lockinfo.holder_info(out)))
+        else:
+            problems.append(f"could not take the deploy lock on {h}: {e.text.strip()[-200:] or 'no answer'}")
+    if problems:
+        release(held)
+        raise LockHeld("; ".join(problems))
+    return held
+
+
+def release(held: Held, log=print) -> None:
+    """Give back the hosts this process locked (a lock it only ran under stays with its holder)."""
+    for h, e in driver.exec_all(held.inventory, held.acquired, commands.lock_release(held.token),
+                                LOCK_TIMEOUT).items():
+        state = lockinfo.parse(e.lines()).get("state")
+        if state not in ("RELEASED", "FREE"):
+            log(f"warning: could not release the lock on {h} ({state or e.text.strip()[-120:]}); "
+                "`nemofleet lock status` shows it")
+    held.acquired = []
+
+
+@contextmanager
+def with_lock(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_TTL, log=print):
+    """`with with_lock(inv, hosts, "rollout ...") as held:` -- held.env() goes to every pyinfra run."""
+    held = acquire(inventory, hosts, message, ttl, log=log)
+    try:
+        yield held
+    finally:
+        release(held, log=log)
+
+
+def status(inventory: str, hosts: list[str]) -> dict[str, dict | None]:
+    """{host: info (with `now`, the host's clock) or None when free}; unreachable hosts answer
+    {"error": sentence}."""
+    out = {}
+    for h, e in driver.exec_all(inventory, hosts, commands.lock_status(), LOCK_TIMEOUT).items():
+        parsed = lockinfo.parse(e.lines())
+        if not e.reachable or "state" not in parsed:
+            out[h] = {"error": e.text.strip()[-200:] or "no answer"}
+        elif parsed["state"] == "HELD":
+            out[h] = {**(lockinfo.holder_info(parsed) or {}), "now": parsed.get("now")}
+        else:
+            out[h] = None
+    return out
+
+
+def release_hosts(inventory: str, hosts: list[str], token: str | None, force: bool) -> dict[str, str]:
+    """`nemofleet lock release`: {host: sentence} for each host."""
+    out = {}
+    for h, e in driver.exec_all(inventory, hosts, commands.lock_release(token, force), LOCK_TIMEOUT).items():
+        parsed = lockinfo.parse(e.lines())
+        state = parsed.get("state")
+        if state == "RELEASED":
+            broken = lockinfo.holder_info(parsed, "released_")
+            out[h] = f"released (broke the lock of {lockinfo.describe(broken)})" if force and broken else "released"
+        elif state == "FREE":
+            out[h] = "was not locked"
+        elif state == "NOT_HOLDER":
+            out[h] = (f"NOT released: held by {lockinfo.describe(lockinfo.holder_info(parsed) or {})}; only its "
+                      f"holder's token ({LOCK_TOKEN_ENV}) releases it, or --force if it is abandoned")
+        else:
+            out[h] = f"NOT released: {e.text.strip()[-200:] or 'no answer'}"
+    return out

@@ -1,0 +1,81 @@
+"""`nemofleet status`: per host the release (and drift from what the inventory plans), units with
+health, weights on disk and downloads in progress."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import commands, driver
+
+_UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
+_LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)')
+
+
+@dataclass
+class HostStatus:
+    host: str
+    reachable: bool = True
+    release: str | None = None
+    planned: str | None = None
+    problems: list[str] = field(default_factory=list)  # settings the inventory gets wrong
+    lines: list[str] = field(default_factory=list)  # printable lines below the release
+
+    @property
+    def in_sync(self) -> bool:
+        return self.reachable and self.release is not None and self.release == self.planned
+
+
+def _script_for(data: dict) -> tuple[str, list[str]]:
+    from .. import settings
+
+    try:
+        s = settings.parse(data)
+        return commands.status(s["models_root"], s["prom_dir"]), []
+    except settings.SettingsError as exc:
+        d = settings.defaults()  # still show what the host has where nemofleet would put it
+        return commands.status(d["models_root"], d["prom_dir"]), exc.problems
+
+
+def unit_lines(lines: list[str], now: float) -> list[str]:
+    """`unit NAME STATE Description` lines and the prom metrics -> one line per instance."""
+    ups = {m.group(1): m.group(2) for m in map(_UP.search, lines) if m}
+    last = {m.group(1): int(m.group(2)) for m in map(_LAST.search, lines) if m}
+    out = []
+    for ln in lines:
+        if not ln.startswith("unit "):
+            continue
+        parts = ln.split(" ", 3)
+        unit, state = parts[1], parts[2]
+        what = parts[3] if len(parts) > 3 else ""
+        name = unit.removeprefix("nemofleet-vllm-").removesuffix(".service")
+        age = f"{now - last[name]:.0f}s ago" if last.get(name) else "never"
+        health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
+        served = what.split("(", 1)[1].rstrip(")") if "(" in what else what  # "model on GPU 0,1"
+        out.append(f"{name:<14} {state:<10} {health:<10} last healthy {age:<10} {served}")
+    return out
+
+
+def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
+    from ..desired import planned_release
+
+    datas = driver.host_data(inventory, limit)
+    facts = driver.gather_facts(inventory, limit)
+    scripts: dict[str, list[str]] = {}
+    result = {h: HostStatus(h) for h in datas}
+    for h, data in datas.items():
+        script, result[h].problems = _script_for(data)
+        scripts.setdefault(script, []).append(h)
+    for script, hosts in scripts.items():
+        for h, e in driver.exec_all(inventory, hosts, script, timeout=180).items():
+            r = result[h]
+            r.reachable = e.reachable
+            if not e.reachable:
+                continue
+            lines = e.lines()
+            r.release = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
+            r.lines = unit_lines(lines, time.time()) + [ln for ln in lines if ln.startswith(("weights ", "download "))]
+            if h in facts and not r.problems:
+                r.planned = planned_release(h, facts[h], datas[h])
+    return [result[h] for h in datas]

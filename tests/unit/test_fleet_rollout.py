@@ -1,0 +1,246 @@
+"""The fleet layer's logic without hosts: options, batches, the driver's clean results, no double
+rollback, the lock's refusals, host-key decisions, and the CLI's exit codes."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemofleet import cli
+from nemofleet.facts.lock import DeployLock, lock_refusal
+from nemofleet.fleet import commands, driver, lock, rebuild, rollout
+from nemofleet.fleet.driver import Exec, FleetError, Result
+from nemofleet.fleet.rollout import HostState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------- options and batches
+
+def test_batches_canary_first_then_percentages():
+    assert rollout.batches(list("abcde"), "50%", 1) == [["a"], ["b", "c", "d"], ["e"]]
+    assert rollout.batches(list("abc"), "1", 0) == [["a"], ["b"], ["c"]]
+    assert rollout.batches(list("abc"), "100%", 0) == [["a", "b", "c"]]
+    assert rollout.batches(list("abc"), "1%", 0) == [["a"], ["b"], ["c"]]
+
+
+@pytest.mark.parametrize("batch, canary, failures, words", [
+    ("0%", 0, 0, "percentage from 1% to 100%"), ("0", 0, 0, "at least 1 host"), ("lots", 0, 0, "a host count (N >= 1)"),
+    ("150%", 0, 0, "1% to 100%"), ("1", -1, 0, "--canary -1"), ("1", 3, 0, "fewer than the 3"),
+    ("1", 0, -1, "--max-failures -1 must be 0 or more"),
+])
+def test_bad_options_refused_with_one_sentence(batch, canary, failures, words):
+    with pytest.raises(FleetError) as exc:
+        rollout.check_options(3, batch, canary, failures)
+    assert words in str(exc.value) and str(exc.value).count(". ") == 0
+
+
+def test_lock_ttl_parsed():
+    assert lock.parse_ttl("2h") == 7200 and lock.parse_ttl("90m") == 5400 and lock.parse_ttl("600") == 600
+    for bad in ("soon", "10s", "-1h"):
+        with pytest.raises(FleetError):
+            lock.parse_ttl(bad)
+
+
+# ---------------------------------------------------------------------------- driver
+
+def test_pyinfra_runs_as_this_interpreters_module_and_a_timeout_is_a_clean_result(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["cmd"], seen["env"] = cmd, kw["env"]
+        raise subprocess.TimeoutExpired(cmd, 1, output=b"partial out", stderr=b"err")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    r = driver.run("inv.py", ["h"], "exec", "--", "true", timeout=1, env={"NEMOFLEET_LOCK_TOKEN": "t"})
+    assert seen["cmd"][:3] == [sys.executable, "-m", "pyinfra"] and seen["cmd"][3:7] == ["-y", "inv.py", "--limit", "h"]
+    assert seen["env"]["NEMOFLEET_LOCK_TOKEN"] == "t"
+    assert r.rc == 124 and r.timed_out and "partial out" in r.stdout and "timed out after 1s" in r.stderr
+
+
+def test_exec_output_is_split_per_host_with_its_own_exit_status(monkeypatch):
+    out = ("    [a] Connected\n    [b] Could not connect (refused)\n--> Starting operation\n"
+           "[a] state=HELD\n[a] @@nemofleet-rc=3\n    [a] Success\n")
+    monkeypatch.setattr(driver, "run", lambda *a, **k: Result(1, "", out))
+    got = driver.exec_all("inv.py", ["a", "b"], "x")
+    assert got["a"] == Exec("a", 3, "state=HELD")
+    assert got["b"].rc == 255 and not got["b"].reachable and got["b"].text == "Could not connect (refused)"
+
+
+def write_inventory(tmp_path, text):
+    p = tmp_path / f"inv{len(list(tmp_path.glob('inv*.py')))}.py"  # a new name: pyinfra caches by path
+    p.write_text(text)
+    return str(p)
+
+
+def test_empty_inventory_and_limit_matching_nothing_are_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    empty = write_inventory(tmp_path, "hosts = []\n")
+    with pytest.raises(FleetError, match="has no hosts"):
+        driver.hosts(empty)
+    inv = write_inventory(tmp_path, "gpu = [('h1', {'x': 1}), 'h2']\n")
+    assert driver.hosts(inv) == ["h1", "h2"] and driver.hosts(inv, ["gpu"]) == ["h1", "h2"]
+    assert driver.hosts(inv, ["h*1"]) == ["h1"] and driver.host_data(inv, ["h1"])["h1"]["x"] == 1
+    with pytest.raises(FleetError, match="--limit nope matches no host or group"):
+        driver.hosts(inv, ["nope"])
+
+
+def test_cli_rollout_with_unknown_limit_exits_2_with_a_sentence(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    inv = write_inventory(tmp_path, "hosts = ['h1']\n")
+    assert cli.main(["rollout", inv, "--limit", "nope"]) == 2
+    assert "rollout refused: --limit nope matches no host" in capsys.readouterr().err
+    assert cli.main(["rollout", inv, "--batch", "0%"]) == 2
+    assert cli.main(["lock", "status", write_inventory(tmp_path, "hosts = []\n")]) == 2
+
+
+def test_no_import_cycle_and_no_old_module():
+    for path in (ROOT / "src/nemofleet/fleet").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        mods = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(m == "cli" or m.endswith(".cli") for m in mods), path
+    assert not (ROOT / "src/nemofleet/rollout.py").exists()
+    assert "pyinfra_bin" not in (ROOT / "src/nemofleet/fleet/driver.py").read_text()
+
+
+# ---------------------------------------------------------------------------- no double rollback
+
+class FakeHost:
+    """Scripted answers for one host: release states before/after, the deploy, the gate."""
+
+    def __init__(self, monkeypatch, states, deploy_rc=0, timed_out=False, healthy=(True,)):
+        self.states, self.calls, self.healthy = list(states), [], list(healthy)
+        monkeypatch.setattr(rollout, "read_state", lambda inv, h: self.states.pop(0) if len(self.states) > 1 else self.states[0])
+        monkeypatch.setattr(driver, "run", self.run)
+        monkeypatch.setattr(rollout, "gate", lambda *a, **k: (self.healthy.pop(0) if self.healthy else True, "gate"))
+        monkeypatch.setattr(rollout, "rollback_host", lambda inv, h, expect=None: self.calls.append(("rollback", expect)) or (True, "rolled back"))
+        monkeypatch.setattr(rollout, "audit", lambda inv, h, event, detail: self.calls.append(("audit", event, detail)))
+        self.deploy_rc, self.timed_out = deploy_rc, timed_out
+
+    def run(self, inventory, hosts, *args, **kw):
+        self.calls.append(("deploy", kw.get("env")))
+        out = f"    [{hosts[0]}] Connected\n" + ("" if self.deploy_rc == 0 else "preflight refused: image unknown\n")
+        return Result(self.deploy_rc, "", out, timed_out=self.timed_out)
+
+
+OLD, NEW = HostState("aaaaaaaaaaaa", "u1"), HostState("bbbbbbbbbbbb", "u2")
+
+
+def test_refused_deploy_that_changed_nothing_is_not_rolled_back(monkeypatch):
+    fake = FakeHost(monkeypatch, [OLD, OLD], deploy_rc=1)
+    res = rollout.deploy_one("inv", "h", {}, 60, {"NEMOFLEET_LOCK_TOKEN": "t"})
+    assert res.result == "failed" and "nothing to roll back" in res.detail
+    assert not [c for c in fake.calls if c[0] == "rollback"]
+    assert fake.calls[0] == ("deploy", {"NEMOFLEET_LOCK_TOKEN": "t"})
+    assert fake.calls[-1] == ("audit", "rollout", "aaaaaaaaaaaa -> aaaaaaaaaaaa: failed")
+
+
+def test_failed_gate_on_an_unchanged_release_is_not_rolled_back(monkeypatch):
+    fake = FakeHost(monkeypatch, [OLD, OLD, OLD], healthy=(False,))
+    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    assert res.result == "failed" and not [c for c in fake.calls if c[0] == "rollback"]
+
+
+def test_changed_host_that_fails_the_gate_goes_back_to_the_release_it_replaced(monkeypatch):
+    fake = FakeHost(monkeypatch, [OLD, NEW, NEW, OLD], healthy=(False, True))
+    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    assert ("rollback", "aaaaaaaaaaaa") in fake.calls and res.result == "rolled back" and res.new == "aaaaaaaaaaaa"
+
+
+def test_units_changed_without_a_new_record_still_rolls_back(monkeypatch):
+    fake = FakeHost(monkeypatch, [OLD, HostState("aaaaaaaaaaaa", "u9"), OLD], deploy_rc=1)
+    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    assert ("rollback", "aaaaaaaaaaaa") in fake.calls and res.result == "rolled back"
+
+
+def test_timed_out_deploy_rolls_back_and_audits(monkeypatch):
+    fake = FakeHost(monkeypatch, [OLD, NEW, OLD], deploy_rc=124, timed_out=True)
+    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    assert res.result == "rolled back" and "deploy timed out" in res.detail
+    assert fake.calls[-1][0] == "audit"
+
+
+def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatch):
+    monkeypatch.setattr(driver, "hosts", lambda inv, limit=None: ["a", "b", "c"])
+    monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
+                        {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
+                                 if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+    seen = []
+
+    def deploy(inv, h, data, window, env, log=print):
+        seen.append(h)
+        return rollout.HostResult(h, "x", "x", "ok" if h == "a" else "rolled back")
+    monkeypatch.setattr(rollout, "deploy_one", deploy)
+    o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None)
+    assert seen == ["a", "b"] and o.halted and "halted after batch 1" in o.reason
+    assert [r.result for r in o.results] == ["ok", "rolled back", "not reached"] and not o.ok
+
+
+# ---------------------------------------------------------------------------- lock decisions
+
+def test_lock_refusal_names_holder_and_the_way_out():
+    info = {"holder": "alice@ctl", "since": "2026-12-03T10:00:00Z", "token_sha256": commands.token_digest("t1"),
+            "expires": 2000, "message": "drain"}
+    why = lock_refusal(info, None, 1000)
+    assert "locked by alice@ctl since 2026-12-03T10:00:00Z (drain)" in why
+    assert "nemofleet lock status" in why and "nemofleet lock release --force" in why
+    assert lock_refusal(info, "t1", 1000) is None  # the rollout's own deploy
+    assert lock_refusal(info, "t2", 1000) is not None
+    assert lock_refusal(info, None, 3000) is None  # expired
+    assert lock_refusal(None, None, 1000) is None
+
+
+def test_deploy_lock_fact_parses_the_status_script():
+    fact = DeployLock()
+    assert fact.command == commands.lock_status()
+    assert fact.process(["state=FREE", "now=5"]) is None
+    info = fact.process(["state=HELD", "holder=a@b", "since=s", "expires=9", "message=m", "token_sha256=x", "now=5"])
+    assert info == {"holder": "a@b", "since": "s", "expires": 9, "message": "m", "token_sha256": "x", "now": 5}
+
+
+def test_acquire_gives_back_what_it_took_when_one_host_is_held(monkeypatch):
+    calls = []
+
+    def exec_all(inv, hosts, script, timeout=0, env=None):
+        calls.append((script.split("\n")[0][:20], list(hosts)))
+        if "mkdir" in script:
+            return {"a": Exec("a", 0, "state=ACQUIRED"), "b": Exec("b", 0, "state=HELD\nholder=alice@x\nsince=T")}
+        return {h: Exec(h, 0, "state=RELEASED") for h in hosts}
+    monkeypatch.setattr(driver, "exec_all", exec_all)
+    monkeypatch.delenv("NEMOFLEET_LOCK_TOKEN", raising=False)
+    with pytest.raises(lock.LockHeld, match=r"b is locked by alice@x since T; wait for it"):
+        lock.acquire("inv", ["a", "b"], "m")
+    assert calls[-1][1] == ["a"]  # released on a only
+
+
+# ---------------------------------------------------------------------------- host keys
+
+def hk(known=True, matches=False):
+    return rebuild.HostKey("[127.0.0.1]:2222", "/nonexistent/kh", "k ssh-ed25519 AAAA", "SHA256:new", known, matches)
+
+
+def test_changed_host_key_refused_without_accept():
+    with pytest.raises(rebuild.RebuildError, match="--accept-new-host-key"):
+        rebuild.trust_host_key(hk(), "h", False, None, False)
+
+
+def test_accept_without_expected_fingerprint_prints_it_and_refuses_unless_yes():
+    with pytest.raises(rebuild.RebuildError, match="SHA256:new.*--expect-host-key SHA256:new"):
+        rebuild.trust_host_key(hk(), "h", True, None, False)
+
+
+def test_expected_fingerprint_mismatch_refused_before_trusting():
+    with pytest.raises(rebuild.RebuildError, match="not the expected SHA256:other"):
+        rebuild.trust_host_key(hk(), "h", True, "SHA256:other", True)
+
+
+def test_unchanged_key_needs_nothing():
+    assert "unchanged" in rebuild.trust_host_key(hk(matches=True), "h", False, None, False)
+
+
+def test_matching_expected_fingerprint_is_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    key = rebuild.HostKey("[127.0.0.1]:2222", str(tmp_path / "kh"), "[127.0.0.1]:2222 ssh-ed25519 AAAA\n",
+                          "SHA256:new", True, False)
+    assert "matches the expected fingerprint" in rebuild.trust_host_key(key, "h", True, "SHA256:new", False)
+    assert (tmp_path / "kh").read_text() == "[127.0.0.1]:2222 ssh-ed25519 AAAA\n"
