@@ -102,7 +102,8 @@ def configure_host(want: Desired) -> set:
     if want.absent:
         files.absent(name="No stale HF token", paths=want.absent)
     if want.cdi_command:
-        server.shell(name="Make the CDI spec", commands=[want.cdi_command])
+        server.shell(name="Enable nvidia-cdi-refresh" if "refresh" in want.cdi_command else "Generate the CDI spec",
+                     commands=[want.cdi_command])
     return daemon_changed
 
 

@@ -279,7 +279,8 @@ KEYS: list[Key] = [
     Key("install_container_toolkit", (_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
         "bootstrap"),
     Key("container_toolkit_version", (_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
-        pattern=r"[A-Za-z0-9.+~:-]+"),
+        check=lambda v: None if v is None or re.fullmatch(r"[A-Za-z0-9.+~:-]+", v) else
+        f"must be a pinned package version such as '1.18.0-1' (got {v!r})"),
     Key("container_toolkit_repo", (_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
         pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
     Key("container_toolkit_key_file", (_S, _N), None, "the repository's signing key (file on the controller)",

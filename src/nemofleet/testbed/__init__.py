@@ -139,11 +139,24 @@ def build(state: dict, profiles: dict | None = None) -> dict:
     return state
 
 
+def _reuse_mirror(name: str, source: Path) -> bool:
+    """Start an existing mirror container only when it serves this testbed's own directory; one
+    left by another checkout (same name, other files and keys) is replaced."""
+    r = docker("inspect", "-f", "{{range .Mounts}}{{.Source}} {{end}}", name, check=False)
+    if r.returncode:
+        return False
+    if str(source) in r.stdout.split():
+        docker("start", name, check=False)
+        return True
+    log(f"{name} serves another testbed's files ({r.stdout.strip()}); replacing it")
+    docker("rm", "-f", name, check=False)
+    return False
+
+
 def start_mirror(state: dict) -> None:
     hf = testbed_dir() / "hf"
     (hf / "requests.log").touch()
-    if docker("inspect", MIRROR, check=False).returncode == 0:
-        docker("start", MIRROR, check=False)
+    if _reuse_mirror(MIRROR, hf):
         return
     src = Path(__file__).parent / "hfmirror.py"
     docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK,
@@ -154,8 +167,7 @@ def start_mirror(state: dict) -> None:
 
 def start_pkg_mirror(state: dict) -> None:
     """The simulated NVIDIA apt repository (signed, flat), as a package mirror would serve it."""
-    if docker("inspect", PKG_MIRROR, check=False).returncode == 0:
-        docker("start", PKG_MIRROR, check=False)
+    if _reuse_mirror(PKG_MIRROR, testbed_dir() / "apt" / "repo"):
         return
     docker("run", "-d", "--name", PKG_MIRROR, "--label", LABEL, "--network", NETWORK,
            "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
