@@ -63,7 +63,6 @@ def image_cuda(facts: dict, image: str) -> str:
 
 def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
     """The verdict for one host; `s` is its Settings (a plain dict of host data is parsed)."""
-    g = facts["gpus"]
     v = Verdict(plan=None)
     if not isinstance(s, Settings):
         try:
@@ -71,82 +70,99 @@ def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
         except SettingsError as exc:
             v.refusals += exc.problems
             return v
-    if not g["smi"]:
-        v.refusals.append("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
-                          "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
-                          "nvidia_driver_branch")
+    why = _gpu_refusal(facts["gpus"])
+    if why:
+        v.refusals.append(why)
         return v
-    if g["rc"]:
-        hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
-                6: "check that the GPUs are attached to this machine (lspci | grep -i nvidia)",
-                18: "the driver was upgraded without a reboot: reboot the host"}.get(g["rc"], "run nvidia-smi on the host")
-        v.refusals.append(f"nvidia-smi failed (exit {g['rc']}: {g['error']}); {hint}")
-        return v
-    if not g["gpus"]:
-        v.refusals.append("nvidia-smi lists no GPU; check that the GPUs are attached to this machine")
-        return v
-
-    image = s["vllm_image"]
-    docker = facts["docker"]
-    tk = facts["toolkit"]
     try:
-        p = planner.make_plan(
-            host, planner.gpus_from_facts(g["gpus"]), s,
-            # a CDI spec exists, or the toolkit can generate one (the host configuration does)
-            docker_version=docker.get("server"),
-            cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
-            cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-            local_meta=_local_meta(facts, s),
-        )
+        p = _plan(host, facts, s)
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
         return v
     v.plan = p
     v.warnings += p.warnings
-
     try:
-        need_cuda = image_cuda(facts, image)
+        v.refusals += _driver_refusals(facts, s["vllm_image"])
     except vllm_flags.UnknownVersion as exc:
         v.refusals.append(str(exc))
         return v
-    need_driver = CUDA_MIN_DRIVER.get(need_cuda)
-    driver = g["driver"]
-    if need_driver and vt(driver) < vt(need_driver):
-        v.refusals.append(
-            f"driver {driver} supports CUDA {facts.get('cuda') or '?'} but {image} needs CUDA {need_cuda} "
-            f"(driver >= {need_driver}); upgrade the NVIDIA driver and reboot, or pin an older image")
-
-    used = [gpu for inst in p.instances for gpu in inst.gpus]
-    off = [str(x.index) for x in used if x.persistence != "Enabled"]
+    off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
     if off:
         v.warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
                           "jobs); enable nvidia-persistenced")
-
-    if not (tk.get("version") or tk.get("hook")):
-        v.refusals.append("the NVIDIA Container Toolkit is not installed (no nvidia-ctk or nvidia-container-runtime-hook); "
-                          "install nvidia-container-toolkit or set install_container_toolkit: true")
-    elif tk.get("version") and vt(tk["version"]) < MIN_TOOLKIT:
-        v.refusals.append(f"NVIDIA Container Toolkit {tk['version']} is too old (cgroup v2 needs >= 1.14); upgrade it")
-
-    if not docker.get("installed"):
-        v.refusals.append("Docker is not installed; install docker-ce 25+ (or Debian's docker.io) first")
-    elif not docker.get("running"):
-        v.refusals.append("Docker is installed but dockerd is not running; systemctl enable --now docker")
-    elif vt(docker.get("server")) < MIN_DOCKER:
-        v.refusals.append(f"Docker {docker['server']} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
-
-    free = facts.get("disk_free")
-    if free is not None:
-        present = 0
-        for d in p.downloads:
-            meta = (facts.get("models") or {}).get(d["dir"].rsplit("/", 1)[-1]) or {}
-            if meta.get("complete"):
-                present += p.model.weight_bytes if d["repo"] == p.model.repo else 0
-        need = int(max(0, p.model.weight_bytes - present) * 1.1)
-        if free < need:
-            v.refusals.append(f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
-                              f"{s['models_root']}, {need / 1e9:.1f} GB needed (model + 10%)")
+    v.refusals += _runtime_refusals(facts["toolkit"], facts["docker"])
+    v.refusals += _disk_refusals(facts, p, s)
     return v
+
+
+def _gpu_refusal(g: dict) -> str | None:
+    """Is there a driver, does nvidia-smi answer, does it list a GPU?"""
+    if not g["smi"]:
+        return ("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
+                "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
+                "nvidia_driver_branch")
+    if g["rc"]:
+        hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
+                6: "check that the GPUs are attached to this machine (lspci | grep -i nvidia)",
+                18: "the driver was upgraded without a reboot: reboot the host"}.get(g["rc"], "run nvidia-smi on the host")
+        return f"nvidia-smi failed (exit {g['rc']}: {g['error']}); {hint}"
+    if not g["gpus"]:
+        return "nvidia-smi lists no GPU; check that the GPUs are attached to this machine"
+    return None
+
+
+def _plan(host: str, facts: dict, s: Settings) -> planner.Plan:
+    docker, tk = facts["docker"], facts["toolkit"]
+    return planner.make_plan(
+        host, planner.gpus_from_facts(facts["gpus"]["gpus"]), s,
+        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+        docker_version=docker.get("server"),
+        cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
+        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
+        local_meta=_local_meta(facts, s),
+    )
+
+
+def _driver_refusals(facts: dict, image: str) -> list[str]:
+    need_cuda = image_cuda(facts, image)
+    need_driver = CUDA_MIN_DRIVER.get(need_cuda)
+    driver = facts["gpus"]["driver"]
+    if need_driver and vt(driver) < vt(need_driver):
+        return [f"driver {driver} supports CUDA {facts.get('cuda') or '?'} but {image} needs CUDA {need_cuda} "
+                f"(driver >= {need_driver}); upgrade the NVIDIA driver and reboot, or pin an older image"]
+    return []
+
+
+def _runtime_refusals(tk: dict, docker: dict) -> list[str]:
+    out = []
+    if not (tk.get("version") or tk.get("hook")):
+        out.append("the NVIDIA Container Toolkit is not installed (no nvidia-ctk or nvidia-container-runtime-hook); "
+                   "install nvidia-container-toolkit or set install_container_toolkit: true")
+    elif tk.get("version") and vt(tk["version"]) < MIN_TOOLKIT:
+        out.append(f"NVIDIA Container Toolkit {tk['version']} is too old (cgroup v2 needs >= 1.14); upgrade it")
+    if not docker.get("installed"):
+        out.append("Docker is not installed; install docker-ce 25+ (or Debian's docker.io) first")
+    elif not docker.get("running"):
+        out.append("Docker is installed but dockerd is not running; systemctl enable --now docker")
+    elif vt(docker.get("server")) < MIN_DOCKER:
+        out.append(f"Docker {docker['server']} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
+    return out
+
+
+def _disk_refusals(facts: dict, p: planner.Plan, s: Settings) -> list[str]:
+    free = facts.get("disk_free")
+    if free is None:
+        return []
+    present = 0
+    for d in p.downloads:
+        meta = (facts.get("models") or {}).get(d["dir"].rsplit("/", 1)[-1]) or {}
+        if meta.get("complete"):
+            present += p.model.weight_bytes if d["repo"] == p.model.repo else 0
+    need = int(max(0, p.model.weight_bytes - present) * 1.1)
+    if free < need:
+        return [f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
+                f"{s['models_root']}, {need / 1e9:.1f} GB needed (model + 10%)"]
+    return []
 
 
 def _local_meta(facts: dict, s: Settings) -> dict | None:

@@ -120,3 +120,44 @@ class ImageInfo(FactBase):
         except ValueError:
             env_list = []
         return {"id": img_id, "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
+
+
+class Networks(FactBase):
+    """{name: exists} for each Docker network name."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        q = " ".join(shlex.quote(n) for n in names)
+        return (f"for n in {q}; do if timeout {FACT_TIMEOUT} docker network inspect \"$n\" >/dev/null 2>&1; then echo \"$n 1\"; "
+                "else echo \"$n 0\"; fi; done")
+
+    def process(self, output):
+        return {line.split()[0]: line.split()[1] == "1" for line in output if line.strip()}
+
+
+class ContainerNetworks(FactBase):
+    """{container: {"running": bool, "networks": {net: [aliases]}}} (stopped containers too)."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        q = " ".join(shlex.quote(n) for n in names)
+        fmt = "{{.Name}} {{.State.Running}} {{json .NetworkSettings.Networks}}"
+        return (f"for c in {q}; do timeout {FACT_TIMEOUT} docker inspect -f '{fmt}' \"$c\" 2>/dev/null "
+                "|| echo \"/$c absent\"; done")
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            parts = line.strip().split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("/"):
+                continue  # a container being re-created can print a partial answer
+            name, running, *rest = parts
+            name = name.lstrip("/")
+            if running == "absent":
+                out[name] = None
+                continue
+            try:
+                nets = json.loads(rest[0]) if rest else {}
+            except ValueError:
+                nets = {}
+            out[name] = {"running": running == "true",
+                         "networks": {k: (v or {}).get("Aliases") or [] for k, v in (nets or {}).items()}}
+        return out

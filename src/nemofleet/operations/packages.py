@@ -14,33 +14,11 @@ import hashlib
 import shlex
 
 from pyinfra import host
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
+from ..facts.packages import AptPackages
 from . import atomic_put
 from .files import FilesDigest
-
-
-class AptPackages(FactBase):
-    """{name: {"version": str or None, "held": bool}} for each package name."""
-
-    def command(self, names: tuple[str, ...]) -> str:
-        q = " ".join(shlex.quote(n) for n in names)
-        return (f"dpkg-query -W -f='pkg ${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' {q} 2>/dev/null; "
-                f"apt-mark showhold {q} 2>/dev/null | sed 's/^/held /'; true")
-
-    def default(self):
-        return {}
-
-    def process(self, output):
-        out: dict = {}
-        for line in output:
-            parts = line.split()
-            if parts[:1] == ["pkg"] and len(parts) >= 4:
-                installed = parts[3][1:2] == "i"  # "ii" installed, "hi" installed and held
-                out.setdefault(parts[1], {"held": False})["version"] = parts[2] if installed else None
-            elif parts[:1] == ["held"] and len(parts) == 2:
-                out.setdefault(parts[1], {"version": None})["held"] = True
-        return out
 
 
 def dearmor(key: bytes) -> bytes:

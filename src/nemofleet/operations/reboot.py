@@ -12,18 +12,12 @@ import time
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FunctionCommand, StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
 
+from ..facts.machine import MachineId
 from . import fail_command
 
 MARKER = "/run/nemofleet/reboot-pending"
-
-
-class MachineId(FactBase):
-    command = "cat /etc/machine-id 2>/dev/null || true"
-
-    def process(self, output):
-        return "".join(output).strip() or None
 
 
 def local_machine_id() -> str | None:

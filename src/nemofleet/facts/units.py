@@ -1,0 +1,30 @@
+"""Facts read by nemofleet's own operations (moved here so every fact lives in facts/)."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+
+from ..paths import UNIT_GLOB
+
+
+class UnitStates(FactBase):
+    """{"units": {unit: {"enabled": bool, "active": bool}}, "files": [installed nemofleet units]}."""
+
+    def command(self, units: tuple[str, ...]) -> str:
+        q = " ".join(shlex.quote(u) for u in units)
+        return (f"for u in {q}; do echo \"unit $u $(systemctl is-enabled $u 2>/dev/null || true) "
+                f"$(systemctl is-active $u 2>/dev/null || true)\"; done; "
+                f"for f in {UNIT_GLOB}; do [ -e \"$f\" ] && echo \"file $(basename $f)\"; done; true")
+
+    def process(self, output):
+        out = {"units": {}, "files": []}
+        for line in output:
+            parts = line.split()
+            if parts[:1] == ["unit"]:
+                out["units"][parts[1]] = {"enabled": parts[2:3] == ["enabled"],
+                                          "active": parts[3:4] == ["active"] or parts[2:3] == ["active"]}
+            elif parts[:1] == ["file"]:
+                out["files"].append(parts[1])
+        return out
