@@ -10,13 +10,13 @@ pyinfra operations.
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from . import models as catalog
 from . import paths, render, versions
 from . import preflight as checks
 from . import settings as settings_mod
+from .fleet import commands as fleet_commands
 from .plan import Plan, effective_cgroup_driver
 
 FileMap = dict  # {path: (content, mode)}
@@ -236,15 +236,13 @@ def ready_command(p: Plan, timeout: int) -> str:
 
 def keep_previous_command() -> str:
     """Keep the release being replaced (units + record) so `nemofleet rollback` can return to it."""
-    d = paths.PREVIOUS
-    return (f"set -e; d={d}; rm -rf $d.new; mkdir -p $d.new; "
-            f"cp {paths.UNIT_GLOB} $d.new/ 2>/dev/null || true; "
-            f"cp {paths.RELEASE} $d.new/release; rm -rf $d; mv $d.new $d")
+    return fleet_commands.keep_previous()
 
 
 def audit_command(operator: str, line: str) -> str:
-    return (f"mkdir -p {paths.STATE_DIR}; echo \"$(date -u +%FT%TZ) {shlex.quote(operator)} "
-            f"{shlex.quote(line)}\" >> {paths.AUDIT_LOG}")
+    """The deploy's release-change line, through the fleet's one audit writer."""
+    event, _, detail = line.partition(" ")
+    return fleet_commands.audit_command(operator, event, detail)
 
 
 # ---------------------------------------------------------------------------- build
