@@ -8,6 +8,7 @@ operations, and every operation yields nothing when the host already matches.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from pyinfra import host, logger
@@ -97,7 +98,7 @@ def configure_host(want: Desired) -> set:
 
         key = want.authorized_key.split(" ", 1)[1]
         pfiles.line(name="Fleet seed key may read weights from this host (read-only rsync)",
-                    path="/root/.ssh/authorized_keys", line=f".*{_re_escape(key)}$", replace=want.authorized_key,
+                    path="/root/.ssh/authorized_keys", line=f".*{re.escape(key)}$", replace=want.authorized_key,
                     present=True)
     if want.absent:
         files.absent(name="No stale HF token", paths=want.absent)
@@ -105,12 +106,6 @@ def configure_host(want: Desired) -> set:
         server.shell(name="Enable nvidia-cdi-refresh" if "refresh" in want.cdi_command else "Generate the CDI spec",
                      commands=[want.cdi_command])
     return daemon_changed
-
-
-def _re_escape(text: str) -> str:
-    import re
-
-    return re.escape(text)
 
 
 @deploy("nemofleet weights")

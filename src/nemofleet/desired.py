@@ -17,6 +17,7 @@ from . import paths, render, versions
 from . import preflight as checks
 from . import settings as settings_mod
 from .fleet import commands as fleet_commands
+from .fleet.lockinfo import lock_refusal
 from .plan import Plan, effective_cgroup_driver
 
 FileMap = dict  # {path: (content, mode)}
@@ -298,14 +299,6 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
             why = settings_mod._check(key, value.strip() if name.endswith("_key") else value)
             if why:
                 d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
-
-
-def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
-    """A plain deploy refuses a host locked by someone else (a rollout, a rebuild, an operator);
-    the runs a rollout starts carry its token. An expired lock does not stop it."""
-    from .facts.lock import lock_refusal as refusal
-
-    return refusal(info, token, now)
 
 
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
