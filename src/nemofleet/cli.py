@@ -42,22 +42,43 @@ def host_data(inventory: str, limit: list[str]) -> dict:
         raise SystemExit(2) from None
 
 
+def _facts_file(path: str) -> dict:
+    """{host: HostFacts} from a file; one sentence and exit 2 when it cannot be read."""
+    try:
+        with open(path) as f:
+            facts = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"nemofleet: cannot read the facts file {path}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not isinstance(facts, dict):
+        print(f"nemofleet: the facts file {path} must map host names to their facts", file=sys.stderr)
+        raise SystemExit(2)
+    return facts.get("nemofleet.facts.host.HostFacts", facts)  # as `pyinfra --json fact` writes it
+
+
 def cmd_plan(a) -> int:
     from . import preflight as checks
 
-    facts = json.load(open(a.facts)) if a.facts else gather_facts(a.inventory, a.limit)
+    from .desired import group_problems
+    from .facts.host import facts_file_problem
+    from .fleet import driver
+
+    facts = _facts_file(a.facts) if a.facts else gather_facts(a.inventory, a.limit)
     datas = host_data(a.inventory, a.limit)
+    groups = driver.host_groups(a.inventory, a.limit)
     result, rc = {}, 0
     for name, data in datas.items():
         f = facts.get(name)
-        if f is None:
-            result[name] = {"refused": ["no facts (host unreachable?)"]}
+        why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
+        refused, warned = group_problems(groups.get(name), f if isinstance(f, dict) else {})
+        if why or refused:
+            result[name] = {"refused": [why] if why else refused, "warnings": warned}
             rc = 1
             continue
         v = checks.check(name, f, data)
         if v.refusals:
             rc = 1
-        result[name] = {"refused": v.refusals, "warnings": v.warnings,
+        result[name] = {"refused": v.refusals, "warnings": warned + v.warnings,
                         "plan": v.plan.to_dict() if v.plan else None}
     if a.json:
         print(json.dumps(result, indent=2))

@@ -63,7 +63,7 @@ def desired() -> Desired:
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
                         for e, r, v in to_resolve(d)}
     return build(host.name, d, facts, read_secrets(d), operator=operator(),
-                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time())
+                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups)
 
 
 @deploy("nemofleet preflight")

@@ -301,12 +301,52 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
                 d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
 
 
+# The GPU class groups of the inventory (group_data/gpu_<class>.py), as gpus.short_name() names them.
+GPU_CLASS_GROUPS = ("gpu_a10g", "gpu_l40s", "gpu_a100", "gpu_h100", "gpu_h200", "gpu_b200", "gpu_gh200", "gpu_gb200")
+
+
+def group_problems(groups, facts: dict) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the inventory groups a host is in. A misspelt class group
+    (`gpu_h10`) would silently drop that class's group data; a host listed twice in one group,
+    or in two class groups, has two definitions of which pyinfra keeps the last."""
+    import difflib
+
+    refusals, warnings = [], []
+    groups = list(groups or ())
+    for g in sorted({g for g in groups if groups.count(g) > 1}):
+        refusals.append(f"this host is listed {groups.count(g)} times in group {g}: pyinfra keeps the last "
+                        "definition's data; list it once")
+    for g in sorted(set(groups)):
+        if g.startswith("gpu_") and g not in GPU_CLASS_GROUPS:
+            close = difflib.get_close_matches(g, GPU_CLASS_GROUPS, n=1, cutoff=0.75)
+            if close:
+                refusals.append(f"group {g} is not a GPU class (did you mean {close[0]}?): group_data/{close[0]}.py "
+                                "does not apply to this host until the inventory names it right")
+            else:
+                warnings.append(f"group {g} is not a GPU class nemofleet knows ({', '.join(GPU_CLASS_GROUPS)}); "
+                                f"only its own group_data/{g}.py applies")
+    classes = sorted({g for g in groups if g in GPU_CLASS_GROUPS})
+    if len(classes) > 1:
+        refusals.append(f"this host is in {len(classes)} GPU class groups ({', '.join(classes)}): list it in one")
+    gpus = (facts.get("gpus") or {}).get("gpus") or []
+    if len(classes) == 1 and gpus:
+        from .gpus import short_name
+
+        have = sorted({short_name(g["name"]) for g in gpus})
+        if f"gpu_{have[0].lower()}" != classes[0] or len(have) > 1:
+            warnings.append(f"this host is in group {classes[0]} but its GPUs are {', '.join(have)}: "
+                            f"group_data/{classes[0]}.py applies to it; move it to its class group")
+    return refusals, warnings
+
+
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
-          lock_token: str | None = None, now: float = 0.0) -> Desired:
+          lock_token: str | None = None, now: float = 0.0, groups=()) -> Desired:
     """Everything this run should make true on `host`. Never raises for bad input: a host that
     cannot serve comes back with `refusals` (one sentence each) and nothing else to apply.
-    `lock_token`/`now`: the deploy lock this run may hold, and the time (for the lock's expiry)."""
+    `lock_token`/`now`: the deploy lock this run may hold, and the time (for the lock's expiry);
+    `groups`: the inventory groups the host is in (as pyinfra lists them, repeats included)."""
     d = Desired(host=host, summary=checks.summary(facts))
+    d.refusals, d.warnings = group_problems(groups, facts)
     locked = lock_refusal(facts.get("lock"), lock_token, now)
     if locked:
         d.refusals.append(locked)

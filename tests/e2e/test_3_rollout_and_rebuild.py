@@ -54,6 +54,19 @@ def test_rollout_new_tag_canary_then_batches(converged):
         assert "rollout" in on(h, "tail -1 /var/lib/nemofleet/audit.log").stdout
 
 
+def test_failed_canary_halts_before_any_other_host(converged):
+    on_new = {h: release(h) for h in HOSTS}
+    rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "2", "--wait", "30",
+                        "--data", f"vllm_image={BASE}-broken")  # this image's engine never starts
+    assert rc == 1, out
+    assert "HALTED" in out
+    assert "rolled back" in row(out, "a100-1")
+    assert release("a100-1") == on_new["a100-1"] and image("a100-1") == NEW
+    assert on("a100-1", "/usr/local/bin/nemofleet-health", check=False).returncode == 0  # serving the old release
+    for h in ("h100-1", "h200-1"):
+        assert "not reached" in row(out, h) and release(h) == on_new[h] and image(h) == NEW
+
+
 def test_failed_gate_on_second_host_halts_and_rolls_back(converged):
     on_new = {h: release(h) for h in HOSTS}
     set_fail("h100-1", "base")  # the base release cannot start on h100-1's GPUs
@@ -81,6 +94,12 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
         assert re.search(r"is locked by alice@\S+ since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(maintenance\)", out), out
         rc, status = nemofleet("lock", "status", "inventories/testbed.py")
         assert "locked by alice@" in status
+        # a plain deploy (no token) is refused too, with the way to wait or force, and changes nothing
+        plain = pyinfra(hosts=["a100-1"], env={"NEMOFLEET_OPERATOR": "bob"})
+        assert plain.rc == 1 and plain.changed() == [], plain.out[-3000:]
+        assert re.search(r"nemofleet refused a100-1: this host is locked by alice@\S+ since [^,]+ \(maintenance\), "
+                         r".*wait for it \(`nemofleet lock status`\) or, if it is abandoned, "
+                         r"`nemofleet lock release --force`", plain.out), plain.out[-3000:]
         rc, out = nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_OPERATOR": "bob"})
         assert rc == 2 and "held by someone else" in out  # only the holder (or --force) releases
     finally:

@@ -130,3 +130,26 @@ def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(
     assert back.rc == 0 and [x for x in mirror_log() if "/resolve/" in x] == []
     assert on("h200-1", f"test -e {root}@{new[:12]}", check=False).returncode == 1
     assert pyinfra(hosts=["h200-1"]).changed() == []
+
+
+@pytest.mark.parametrize("fault, words", [
+    ("hang", "could not read gpus on this host: nvidia-smi did not answer within 20 s (hung driver?)"),
+    ("garbage", "could not read gpus on this host: nvidia-smi printed output nemofleet cannot read:"),
+])
+def test_hung_or_garbage_nvidia_smi_refuses_that_host_only_within_bounded_time(converged, fault, words):
+    """A wedged driver or unreadable nvidia-smi output refuses that host in one sentence; the rest of
+    the fleet converges as usual (here: zero changes) and the run does not hang."""
+    before = on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout
+    on("h200-1", f"echo {fault} > /etc/nemofleet-sim/smi-fault")
+    try:
+        t0 = time.time()
+        r = pyinfra(hosts=["h200-1", "a100-1"], timeout=300)
+        elapsed = time.time() - t0
+    finally:
+        on("h200-1", "rm -f /etc/nemofleet-sim/smi-fault")
+    assert r.rc == 1, r.out[-3000:]
+    assert f"nemofleet refused h200-1: {words}" in r.out, r.out[-3000:]
+    assert "Traceback" not in r.out and "nemofleet refused a100-1" not in r.out
+    assert r.changed() == [], r.changed()
+    assert on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout == before
+    assert elapsed < 150, elapsed  # bounded by the facts' 20 s timeout, not by the wedged tool

@@ -161,3 +161,26 @@ def test_a_plain_deploy_refuses_a_host_locked_by_someone_else():
     assert "nemofleet lock release --force" in d.refusals[0]
     assert desired.build("h", {}, f, SECRETS, lock_token="t1", now=1000).ok  # the rollout's own run
     assert desired.build("h", {}, f, SECRETS, now=3000).ok  # expired
+
+
+@pytest.mark.parametrize("groups, refused, warned", [
+    (["gpu_h200"], None, None),
+    (["gpu_h200", "canary", "rack3"], None, None),  # other groups are the operator's own
+    (["gpu_h20"], "group gpu_h20 is not a GPU class (did you mean gpu_h200?)", None),
+    (["gpu_h200", "gpu_h200"], "listed 2 times in group gpu_h200", None),
+    (["gpu_h100", "gpu_h200"], "in 2 GPU class groups (gpu_h100, gpu_h200)", None),
+    (["gpu_h100"], None, "in group gpu_h100 but its GPUs are H200"),
+    (["gpu_mi300x"], None, "group gpu_mi300x is not a GPU class nemofleet knows"),
+])
+def test_inventory_groups_misspelt_or_doubled_are_refused(groups, refused, warned):
+    d = desired.build("h", {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}}, facts(),
+                      SECRETS, groups=groups)
+    if refused:
+        assert any(refused in r for r in d.refusals), d.refusals
+        assert not d.units and not d.secret_files
+    else:
+        assert d.ok, d.refusals
+    if warned:
+        assert any(warned in w for w in d.warnings), d.warnings
+    else:
+        assert not any("group" in w for w in d.warnings), d.warnings

@@ -136,6 +136,18 @@ class HostFacts(FactBase):
         return out
 
 
+def facts_file_problem(host: str, facts) -> str | None:
+    """One sentence when a facts file's entry for `host` is not a whole HostFacts (None when it is)."""
+    if not isinstance(facts, dict):
+        return f"the facts file's entry for {host} is not an object of HostFacts parts"
+    # the release, GPU-access record and lock only matter to a deploy, never to a plan
+    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock")]
+    if missing:
+        return (f"the facts file's entry for {host} lacks {', '.join(missing)}: write it with "
+                "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
+    return None
+
+
 def read_part(key: str, fact: FactBase, lines: list[str]):
     """(value, None) or (fallback value, sentence) for one HostFacts part."""
     if not lines:

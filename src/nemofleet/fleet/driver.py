@@ -184,6 +184,13 @@ def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]
     return out
 
 
+def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, list[str]]:
+    """The inventory groups of each host, as pyinfra lists them (a host listed twice in one group
+    appears there twice)."""
+    inv = _inventory(inventory)
+    return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
+
+
 def hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
     return list(host_data(inventory, limit))
 
