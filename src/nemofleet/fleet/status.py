@@ -11,6 +11,9 @@ from . import commands, driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
 _LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)')
+# the load figures the health script reads from each instance's /metrics (docs/monitoring.md)
+_LOAD = re.compile(r'nemofleet_vllm_(num_requests_running|num_requests_waiting|kv_cache_usage_ratio)'
+                   r'\{instance="([^"]+)"\} (\S+)')
 
 
 @dataclass
@@ -38,10 +41,30 @@ def _script_for(data: dict) -> tuple[str, list[str]]:
         return commands.status(d["models_root"], d["prom_dir"]), exc.problems
 
 
+def _figure(text: str | None, fmt: str) -> str:
+    try:
+        value = float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if value != value else format(value, fmt)  # NaN is no figure either
+
+
+def load_text(figures: dict[str, str]) -> str:
+    """The load column: `running R waiting W KV P%`; `-` for a figure the textfile lacks (the
+    instance's /metrics could not be read at the last health run)."""
+    run = _figure(figures.get("num_requests_running"), ".0f")
+    wait = _figure(figures.get("num_requests_waiting"), ".0f")
+    kv = _figure(figures.get("kv_cache_usage_ratio"), ".1%")
+    return f"running {run:>3} waiting {wait:>3} KV {kv:>6}"
+
+
 def unit_lines(lines: list[str], now: float) -> list[str]:
     """`unit NAME STATE Description` lines and the prom metrics -> one line per instance."""
     ups = {m.group(1): m.group(2) for m in map(_UP.search, lines) if m}
     last = {m.group(1): int(m.group(2)) for m in map(_LAST.search, lines) if m}
+    load: dict[str, dict[str, str]] = {}
+    for m in filter(None, map(_LOAD.search, lines)):
+        load.setdefault(m.group(2), {})[m.group(1)] = m.group(3)
     out = []
     for ln in lines:
         if not ln.startswith("unit "):
@@ -53,7 +76,8 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
         age = f"{now - last[name]:.0f}s ago" if last.get(name) else "never"
         health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
         served = what.split("(", 1)[1].rstrip(")") if "(" in what else what  # "model on GPU 0,1"
-        out.append(f"{name:<14} {state:<10} {health:<10} last healthy {age:<10} {served}")
+        figures = load_text(load.get(name, {}))
+        out.append(f"{name:<14} {state:<10} {health:<10} last healthy {age:<10} {figures}  {served}")
     return out
 
 

@@ -6,6 +6,10 @@ toolkit granted and the model directory, then serves /health, /ping, /version, /
 /v1/models and /v1/chat/completions (reasoning + content), honouring VLLM_API_KEY on /v1.
 
 Knobs (environment): STANDIN_STARTUP_SECONDS (default 2), STANDIN_FAIL=start|health.
+Per request (stand-in only; a real vLLM ignores an unknown request field with a warning):
+"standin_hold_seconds": N (at most 60) keeps the completion in flight that long, so /metrics shows
+it in vllm:num_requests_running (beyond --max-num-seqs in vllm:num_requests_waiting) and in the
+KV-cache usage, which grows with the running requests like a real server's.
 """
 import json
 import os
@@ -21,6 +25,18 @@ import vllm_flags  # noqa: E402
 
 VERSION = os.environ.get("STANDIN_VLLM_VERSION", "0.27.1")
 STATE = {"ready": False, "requests": 0, "running": 0, "started": time.time(), "dead": False}
+LOCK = threading.Lock()
+KV_PER_REQUEST = 0.0125  # share of the KV cache one short chat request holds (prompt + answer blocks)
+MAX_HOLD_SECONDS = 60
+
+
+def load_figures(max_num_seqs):
+    """(running, waiting, KV-cache usage 0..1) of the requests now in flight."""
+    with LOCK:
+        inflight = STATE["running"]
+    cap = max_num_seqs or 256  # vLLM's scheduler runs at most --max-num-seqs at once; the rest wait
+    running, waiting = min(inflight, cap), max(0, inflight - cap)
+    return running, waiting, round(min(1.0, running * KV_PER_REQUEST), 4)
 
 
 def fail(msg, code=1):
@@ -90,19 +106,20 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"version": VERSION})
         if p == "/metrics":
             name = self.names()[0]
+            running, waiting, kv = load_figures(getattr(self.args, "max_num_seqs", None))
             lines = [
                 "# HELP vllm:num_requests_running Number of requests in model execution batches.",
                 "# TYPE vllm:num_requests_running gauge",
-                f'vllm:num_requests_running{{engine="0",model_name="{name}"}} {STATE["running"]}',
+                f'vllm:num_requests_running{{engine="0",model_name="{name}"}} {float(running)}',
                 "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
                 "# TYPE vllm:num_requests_waiting gauge",
-                f'vllm:num_requests_waiting{{engine="0",model_name="{name}"}} 0',
+                f'vllm:num_requests_waiting{{engine="0",model_name="{name}"}} {float(waiting)}',
                 "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
                 "# TYPE vllm:kv_cache_usage_perc gauge",
-                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} 0.0',
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} {float(kv)}',
                 "# HELP vllm:request_success_total Count of successfully processed requests.",
                 "# TYPE vllm:request_success_total counter",
-                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{name}"}} {STATE["requests"]}',
+                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{name}"}} {float(STATE["requests"])}',
             ]
             return self.send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4")
         if p == "/v1/models":
@@ -129,7 +146,18 @@ class Handler(BaseHTTPRequestHandler):
             if req.get("model") not in self.names():
                 return self.send(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.",
                                                  "type": "NotFoundError", "code": 404}})
-            STATE["requests"] += 1
+            try:
+                hold = min(MAX_HOLD_SECONDS, max(0.0, float(req.get("standin_hold_seconds") or 0)))
+            except (TypeError, ValueError):
+                hold = 0.0
+            with LOCK:
+                STATE["running"] += 1
+            try:
+                time.sleep(hold)  # generating: in flight for /metrics meanwhile
+            finally:
+                with LOCK:
+                    STATE["running"] -= 1
+                    STATE["requests"] += 1
             thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
             max_tokens = int(req.get("max_tokens") or 1024)
             reasoning = "The user asks a question; I compute the answer step by step." if thinking else None
