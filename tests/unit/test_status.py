@@ -1,5 +1,6 @@
 """Load figures an operator can look at: the health script reads each instance's vLLM /metrics into
-the textfile (nemofleet_* names, an `instance` label), and `nemofleet status` shows them."""
+the textfile (nemofleet_* names, an `instance` label), `nemofleet status` shows them, and the
+Grafana dashboard and docs/monitoring.md name only metrics the health script exports."""
 import json
 import re
 import subprocess
@@ -21,6 +22,8 @@ from nemofleet.settings import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "templates" / "nemofleet-health.sh.j2"
+DASHBOARD = ROOT / "docs" / "grafana" / "nemofleet.json"
+MONITORING = ROOT / "docs" / "monitoring.md"
 GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, "9.0") for i in range(2)]
 EXPORTED = set(re.findall(r"nemofleet_[a-z_]+", TEMPLATE.read_text()))
 
@@ -229,3 +232,50 @@ def test_standin_metrics_count_requests_in_flight(standin):
         t.join()
     done = _figures(standin)
     assert (done["num_requests_running"], done["kv_cache_usage_perc"], done["request_success_total"]) == (0, 0, 3)
+
+
+# --- dashboard and docs cannot drift from the script --------------------------------------------
+
+def _exprs(dashboard: dict) -> list[str]:
+    out = []
+    for panel in dashboard["panels"]:
+        for sub in [panel, *panel.get("panels", [])]:
+            out += [t["expr"] for t in sub.get("targets", [])]
+    out += [v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+            for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return out
+
+
+def test_the_template_exports_the_load_metrics():
+    assert {"nemofleet_vllm_num_requests_running", "nemofleet_vllm_num_requests_waiting",
+            "nemofleet_vllm_kv_cache_usage_ratio", "nemofleet_vllm_up"} <= EXPORTED
+    assert not any(":" in m or "gpu_cache" in m for m in EXPORTED)
+
+
+def test_dashboard_names_only_metrics_the_health_script_exports():
+    dash = json.loads(DASHBOARD.read_text())
+    assert 36 <= dash["schemaVersion"] <= 41 and dash["uid"] and dash["title"]
+    assert [i["name"] for i in dash["__inputs"]] == ["DS_PROMETHEUS"]
+    assert {v["name"] for v in dash["templating"]["list"]} >= {"host", "vllm_instance"}
+    exprs = _exprs(dash)
+    assert len(exprs) >= 7
+    for expr in exprs:
+        named = set(re.findall(r"nemofleet_[a-z_]+", expr))
+        assert named, f"{expr!r} names no nemofleet metric"
+        assert named <= EXPORTED, f"{expr!r} names {named - EXPORTED}, which the health script does not export"
+        assert "vllm:" not in expr
+    shown = " ".join(exprs)
+    for metric in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio", "up",
+                   "self_heal_restarts_total"):
+        assert f"nemofleet_vllm_{metric}" in shown
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}", panel["title"]
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def test_monitoring_doc_lists_every_exported_metric():
+    doc = MONITORING.read_text()
+    missing = sorted(m for m in EXPORTED if f"`{m}`" not in doc)
+    assert not missing, f"docs/monitoring.md does not describe {missing}"
+    for name in set(re.findall(r"\bnemofleet_[a-z_]+", doc)):
+        assert name in EXPORTED, f"docs/monitoring.md names {name}, which the health script does not export"
