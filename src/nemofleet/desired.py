@@ -366,6 +366,12 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
         validate_settings({**d.daemon_json_defaults, **d.daemon_json})
     except DaemonJsonError as exc:
         d.refusals.append(str(exc))
+    runtime = d.daemon_json.get("default-runtime")
+    known = {"runc", "io.containerd.runc.v2", *(d.daemon_json.get("runtimes") or {}),
+             *((facts["daemon_json"].get("data") or {}).get("runtimes") or {})}
+    if runtime and runtime not in known:
+        d.refusals.append(f"docker_default_runtime {runtime!r} is not a runtime dockerd knows here "
+                          f"({', '.join(sorted(known))}): dockerd would refuse to start")
     if facts["daemon_json"]["data"] is None:
         d.refusals.append(f"/etc/docker/daemon.json is {facts['daemon_json']['error']}; nemofleet leaves it "
                           "untouched: fix or remove it, then re-run")

@@ -92,7 +92,7 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
     if not connect_after_create:
         w.append("--pull=never")
     w += gpu_args(plan.gpu_method, inst.gpu_uuids)
-    w += ["--ipc=host", "--shm-size=16g", "-p", f"{plan.bind_address}:{inst.host_port}:{CONTAINER_PORT}"]
+    w += ["--ipc=host", "--shm-size=16g", "-p", f"{_bracketed(plan.bind_address)}:{inst.host_port}:{CONTAINER_PORT}"]
     if nets:
         if legacy_networks:  # Docker < 25: one --network at create time, the rest connected after
             w += [f"--network={nets[0][0]}", f"--network-alias={nets[0][1]}"]
@@ -122,9 +122,14 @@ def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, s
     )
 
 
+def _bracketed(address: str) -> str:
+    """An IPv6 address in brackets, as `docker run -p` and URLs need it."""
+    return f"[{address}]" if ":" in address else address
+
+
 def probe_address(plan: Plan) -> str:
-    """Where checks on the host reach the published ports."""
-    return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else plan.bind_address
+    """Where checks on the host reach the published ports (as it goes in a URL)."""
+    return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else _bracketed(plan.bind_address)
 
 
 def health_script(plan: Plan, s) -> str:

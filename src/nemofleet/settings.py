@@ -37,7 +37,30 @@ HOSTNAME = r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}"
 # field), or an @keyword
 CRON = r"[0-9*,/-]+( [0-9*,/-]+){4}|@(hourly|daily|weekly|monthly)"
 NO_PROXY = r"[A-Za-z0-9.,:/*\[\]-]+"
-IPV4_OR_6 = r"([0-9]{1,3}(\.[0-9]{1,3}){3}|[0-9a-fA-F:]+)"
+# Docker's built-in log drivers (a plugin driver: set it in daemon.json and docker_log_driver: none)
+LOG_DRIVERS = ("json-file", "local", "journald", "syslog", "fluentd", "gelf", "awslogs", "splunk", "gcplogs",
+               "logentries", "etwlogs", "none")
+
+
+def _ip(value) -> str | None:
+    """An IPv4 or IPv6 address, as Docker's -p takes it (a name or 'a:b' is not one)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
+    return None
+
+
+def _pem_key(value) -> str | None:
+    if value is None:
+        return None
+    text = value.strip()
+    lines = text.splitlines()
+    if not (len(lines) > 1 and lines[0].startswith("-----BEGIN ") and lines[-1].startswith("-----END")):
+        return "is not a PEM/OpenSSH private key (from a -----BEGIN line to an -----END line)"
+    return None
 
 
 class SettingsError(ValueError):
@@ -152,6 +175,9 @@ def _model(value) -> str | None:
     for k, v in value.items():
         if isinstance(v, str) and _CONTROL.search(v):
             return f"{k} has a control character"
+    served = value.get("served_name")
+    if served is not None and not (isinstance(served, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", served)):
+        return f"served_name {served!r} must be an API model name (letters, digits, . _ / : + -)"
     rev = value.get("revision")
     if rev is not None and not (isinstance(rev, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)*", rev)):
         return f"revision {rev!r} is not a branch, tag or commit"
@@ -202,7 +228,7 @@ KEYS: list[Key] = [
     Key("instance_extra_args", (_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
         check=_instance_flags),
     Key("port_base", (_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535),
-    Key("bind_address", (_S,), "127.0.0.1", "address the ports are published on", "serving", pattern=IPV4_OR_6),
+    Key("bind_address", (_S,), "127.0.0.1", "address the ports are published on", "serving", check=_ip),
     Key("instance_prefix", (_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}"),
     Key("drain_seconds", (_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
         minimum=0, maximum=3600),
@@ -234,20 +260,21 @@ KEYS: list[Key] = [
     Key("weights_seed_from", (_S, _D, _N), None, "peer host to copy weights from before the mirror", "weights",
         check=_seed),
     Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
-        "weights", secret=True, multiline=True),
+        "weights", secret=True, multiline=True, check=_pem_key),
     Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
         pattern=HOME_PATH),
     Key("weights_seed_public_key_file", (_S, _N), None, "its public key, authorised read-only on every host",
         "weights", pattern=HOME_PATH),
     # --- Docker daemon.json and proxies
     Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
-        pattern=r"[a-z0-9_-]+"),
+        pattern=r"[a-z0-9][a-z0-9_.-]*"),
     Key("docker_registry_mirrors", (_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
         pattern=SAFE_URL),
     Key("docker_insecure_registries", (_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
         "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
     Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
-        pattern=r"[a-z0-9_-]+"),
+        check=lambda v: None if v is None or v in LOG_DRIVERS else
+        f"{v!r} is not one of Docker's log drivers ({', '.join(LOG_DRIVERS)}); dockerd would refuse to start"),
     Key("docker_log_opts", (_D, _N), {"max-size": "100m", "max-file": "3"},
         "daemon.json log-opts, string values (none: leave as is)", "docker"),
     Key("docker_exec_opts", (_L, _N), None, "daemon.json exec-opts (none: nemofleet decides for the NVML trap)",
@@ -279,7 +306,7 @@ KEYS: list[Key] = [
     Key("install_container_toolkit", (_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
         "bootstrap"),
     Key("container_toolkit_version", (_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
-        check=lambda v: None if v is None or re.fullmatch(r"[A-Za-z0-9.+~:-]+", v) else
+        check=lambda v: None if v is None or re.fullmatch(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", v) else
         f"must be a pinned package version such as '1.18.0-1' (got {v!r})"),
     Key("container_toolkit_repo", (_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
         pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
