@@ -153,3 +153,24 @@ def test_hung_or_garbage_nvidia_smi_refuses_that_host_only_within_bounded_time(c
     assert r.changed() == [], r.changed()
     assert on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout == before
     assert elapsed < 150, elapsed  # bounded by the facts' 20 s timeout, not by the wedged tool
+
+
+def test_unit_words_reach_the_program_intact_through_the_hosts_systemd(converged):
+    """systemd_word() quoting, judged by the real consumer: the host's systemd parses a unit whose
+    ExecStart carries hostile words (as vLLM flag values do) and runs a program that records argv."""
+    from nemofleet.render import systemd_word
+
+    words = ["$(touch /tmp/pwned)", "`id`", "a b", "a'b", 'a"b', "50%", "%h", "${HOME}", "$HOME", "a\\b",
+             '{"temperature": 0.6, "top_p": "0.95"}', "x;y", "--network=host", "-", ""]
+    unit = ("[Service]\nType=oneshot\n"
+            "ExecStart=/usr/bin/python3 -c 'import json,sys; open(\"/tmp/nf-argv.json\",\"w\").write(json.dumps(sys.argv[1:]))' "
+            + " ".join(systemd_word(w) for w in words) + "\n")
+    host = "a100-1"
+    on(host, f"rm -f /tmp/pwned /tmp/nf-argv.json; cat > /etc/systemd/system/nf-argv-test.service <<'EOF'\n{unit}EOF\n"
+             "systemctl daemon-reload && systemctl start nf-argv-test.service")
+    try:
+        got = json.loads(on(host, "cat /tmp/nf-argv.json").stdout)
+        assert got == words, (got, unit)
+        assert on(host, "test -e /tmp/pwned", check=False).returncode == 1
+    finally:
+        on(host, "rm -f /etc/systemd/system/nf-argv-test.service /tmp/nf-argv.json; systemctl daemon-reload")

@@ -65,7 +65,11 @@ def test_cron_file_rules():
 def test_checks_reach_the_port_where_it_is_published():
     from nemofleet.render import health_script
 
-    assert "http://127.0.0.1:$2" in health_script(make_plan("h", GPUS[:1], {}), defaults())
+    local = health_script(make_plan("h", GPUS[:1], {}), defaults())
+    assert "ADDRESS=127.0.0.1 " in local and "http://$ADDRESS:$2" in local
     private = make_plan("h", GPUS[:1], {"bind_address": "10.1.2.3"})
-    assert "http://10.1.2.3:$2" in health_script(private, defaults())
+    assert "ADDRESS=10.1.2.3 " in health_script(private, defaults())
     assert "-p 10.1.2.3:8000:8000" in unit(private, private.instances[0], [], 29)
+    v6 = make_plan("h", GPUS[:1], {"bind_address": "fd00::12"})
+    assert "ADDRESS='[fd00::12]' " in health_script(v6, defaults())
+    assert "-p '[fd00::12]:8000:8000'" in unit(v6, v6.instances[0], [], 29)
