@@ -16,3 +16,7 @@ gpu_h100 = [
 gpu_h200 = [
     ("h200-01.example.internal", {"ssh_user": "root"}),
 ]
+
+from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
+
+checked(globals())

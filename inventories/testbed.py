@@ -34,3 +34,7 @@ gpu_a100 = _groups.get("gpu_a100", [])
 gpu_h100 = _groups.get("gpu_h100", [])
 gpu_h200 = _groups.get("gpu_h200", [])
 gpu_b200 = _groups.get("gpu_b200", [])
+
+from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
+
+checked(globals())

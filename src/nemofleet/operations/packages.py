@@ -20,6 +20,9 @@ from ..facts.packages import AptPackages
 from . import atomic_put
 from .files import FilesDigest
 
+APT_UPDATE_TIMEOUT = 300  # seconds for one repository's lists
+APT_INSTALL_TIMEOUT = 1800  # seconds for an install (a driver's DKMS build takes minutes)
+
 
 def dearmor(key: bytes) -> bytes:
     """An ASCII-armored OpenPGP key as the binary keyring apt's signed-by= reads (.gpg)."""
@@ -82,7 +85,9 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         if changed is not None:
             changed.add(label)
         q = shlex.quote
-        update = "apt-get update -q"
+        # bounded: a dead mirror times out per request and in all; a dpkg lock held by
+        # unattended-upgrades is waited for, not failed on (DPkg::Lock::Timeout, apt >= 1.9.11)
+        update = f"timeout {APT_UPDATE_TIMEOUT} apt-get update -q -o Acquire::http::Timeout=30 -o Acquire::Retries=2"
         if source:  # only this repository: no other source is contacted, and it is fast
             update += (f" -o Dir::Etc::sourcelist={q(source['list'])} -o Dir::Etc::sourceparts=-"
                        " -o APT::Get::List-Cleanup=0")
@@ -92,11 +97,14 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         yield StringCommand("sh", "-c", q(
             "export DEBIAN_FRONTEND=noninteractive; "
             f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; "
-            f"echo 'apt-get update failed for {label} ({where}); nothing was installed' >&2; exit 1; }}; "
-            "out=$(apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+            f"echo 'apt-get update failed for {label} ({where}, or took over {APT_UPDATE_TIMEOUT} s); nothing was "
+            "installed' >&2; exit 1; }; "
+            f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q --allow-downgrades --allow-change-held-packages "
+            "-o DPkg::Lock::Timeout=120 -o Acquire::http::Timeout=30 "
             f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {names} 2>&1) || "
             f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
-            f"echo 'apt could not install {label} {version} from {where}' >&2; exit 1; }}"))
+            f"echo 'apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)' >&2; "
+            "exit 1; }"))
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
     yield StringCommand("apt-mark", "hold", *packages, ">/dev/null")
