@@ -19,6 +19,7 @@ from . import bootstrap, paths
 from . import settings as settings_mod
 from .desired import SECRET_KEYS, Desired, build, to_resolve
 from .facts.host import HostFacts
+from .facts import prefetch
 from .facts.weights import HubCommit
 from .operations import daemon_json, docker, files, gpu_access, preflight, units, weights
 
@@ -169,10 +170,32 @@ def nemotron() -> None:
         converge()
 
 
+def fact_reads(want: Desired) -> list[tuple]:
+    """The facts the stages below read, with the arguments they read them with: read ahead in
+    one remote command (facts/prefetch.py). Anything missing here is read by its operation."""
+    from .facts.docker import ContainerNetworks, DaemonJson, ImageInfo, Networks
+    from .facts.units import UnitStates
+    from .facts.weights import WeightsStatus
+
+    reads = [(DaemonJson, {"path": daemon_json.DAEMON_JSON}), (ImageInfo, {"ref": want.image})]
+    reads += [files.reads(f, d) for f, d in ((want.host_files, None), (want.secret_files, want.secret_dirs),
+                                             (want.units, None), (want.release_files, {paths.STATE_DIR: "0755"}),
+                                             (want.health_files, None)) if f]
+    reads += [(WeightsStatus, {"directory": d.directory, "revision": d.revision, "full": d.full_verify})
+              for d in want.downloads]
+    if want.networks:
+        reads.append((Networks, {"names": tuple(sorted(want.networks))}))
+    reads.append((UnitStates, {"units": tuple(want.unit_names)}))
+    if want.attached:
+        reads.append((ContainerNetworks, {"names": tuple(sorted(want.attached))}))
+    return reads
+
+
 def converge() -> None:
     want = run_preflight()
     if not want.ok:
         return
+    prefetch.load(fact_reads(want))
     daemon_changed = configure_host(want)
     fetch_weights(want)
     serve(want, daemon_changed)

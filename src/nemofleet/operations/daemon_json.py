@@ -18,6 +18,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from .. import versions
 from ..facts.docker import DaemonJson, DockerInfo
+from ..facts.prefetch import fact
 from ..paths import DAEMON_JSON
 from . import atomic_put, fail_command, temp_path
 
@@ -196,7 +197,7 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
     except DaemonJsonError as exc:
         yield fail_command(str(exc))
         return
-    current = host.get_fact(DaemonJson, path=path)
+    current = fact(DaemonJson, path=path)
     if current["data"] is None:
         yield fail_command(
             f"{path} on {host.name} is {current['error']}; nemofleet leaves it untouched: fix or remove it, then re-run")
@@ -212,7 +213,7 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
     text = render(merged)
     if state.config.DIFF:
         _show_diff(path, current, text, action, restart)
-    docker = host.get_fact(DockerInfo)
+    docker = fact(DockerInfo)
     q = shlex.quote
     yield from atomic_put(
         text, path, "0644", validate=_validate_snippet(temp_path(path), path, docker.get("server")),

@@ -9,6 +9,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from ..facts.docker import ContainerNetworks, ImageInfo, Networks
+from ..facts.prefetch import fact
 from . import fail_command
 
 
@@ -22,7 +23,7 @@ LOAD_TIMEOUT = 1800  # `docker load` of a local archive: disk speed only
 def image(ref: str, archive: str | None = None):
     """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or `docker pull`
     (through the registry mirror). A present image is never pulled again."""
-    if host.get_fact(ImageInfo, ref=ref) is not None:
+    if fact(ImageInfo, ref=ref) is not None:
         host.noop(f"image {ref} is present")
         return
     q = shlex.quote
@@ -50,7 +51,7 @@ def image(ref: str, archive: str | None = None):
 @operation(is_idempotent=True)
 def networks(wanted: dict[str, bool]):
     """Each frontend network must exist: created when `create` is true, else a clear error."""
-    have = host.get_fact(Networks, names=tuple(sorted(wanted)))
+    have = fact(Networks, names=tuple(sorted(wanted)))
     missing = [n for n in sorted(wanted) if not have.get(n)]
     if not missing:
         host.noop("frontend networks exist")
@@ -67,7 +68,7 @@ def networks(wanted: dict[str, bool]):
 def attached(containers: dict[str, dict[str, str]]):
     """Running containers are on their frontend networks with their aliases (repairs drift;
     the unit declares the networks so restarts keep them). {container: {network: alias}}"""
-    state = host.get_fact(ContainerNetworks, names=tuple(sorted(containers)))
+    state = fact(ContainerNetworks, names=tuple(sorted(containers)))
     fixes = []
     for name, nets in sorted(containers.items()):
         info = state.get(name)

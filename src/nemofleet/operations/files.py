@@ -9,7 +9,13 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.operations.util.files import generate_color_diff
 
 from ..facts.files import FilesDigest, FileText
+from ..facts.prefetch import fact
 from . import atomic_put
+
+
+def reads(files: dict, dirs: dict | None = None) -> tuple:
+    """The fact managed() reads (deploy.py reads it ahead with every other, in one command)."""
+    return FilesDigest, {"paths": tuple(sorted(files) + sorted(dirs or {}))}
 
 
 @operation(is_idempotent=True)
@@ -21,7 +27,8 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
     contents are never shown in --diff output. `dirs` ({dir: mode}) are created first.
     """
     dirs = dirs or {}
-    current = host.get_fact(FilesDigest, paths=tuple(sorted(files) + sorted(dirs)))
+    cls, kwargs = reads(files, dirs)
+    current = fact(cls, **kwargs)
     bad_dirs = [(d, m) for d, m in sorted(dirs.items()) if current.get(d) != (oct(int(m, 8))[2:], "dir")]
     todo = []
     for path, (content, mode) in sorted(files.items()):
@@ -50,7 +57,7 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
 @operation(is_idempotent=True)
 def absent(paths: list[str], removed: set | None = None):
     """Remove files that should no longer exist."""
-    current = host.get_fact(FilesDigest, paths=tuple(sorted(paths))) if paths else {}
+    current = fact(FilesDigest, paths=tuple(sorted(paths))) if paths else {}
     gone = [p for p in sorted(paths) if current.get(p) is not None]
     if not gone:
         host.noop("nothing to remove")

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from ..facts.units import UnitStates
+from ..facts.prefetch import fact
 
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 
@@ -14,7 +15,7 @@ UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system"):
     """Every unit enabled and active; a unit whose file changed is restarted (only that one);
     nemofleet units no longer in the plan are stopped, disabled and removed."""
-    st = host.get_fact(UnitStates, units=tuple(units))
+    st = fact(UnitStates, units=tuple(units))
     stale = sorted(set(st["files"]) - set(units))
     cmds = []
     if stale:

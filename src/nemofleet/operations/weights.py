@@ -12,6 +12,7 @@ from pyinfra.api import StringCommand, operation
 
 from .. import paths
 from ..facts.weights import MARKER, WeightsStatus, check_command
+from ..facts.prefetch import fact
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
 SEED_KEY = paths.SEED_KEY
@@ -145,7 +146,7 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
     they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`:
     (directory, commit) of a complete copy of the same repo whose files are hard-linked in first,
     so `hf download` fetches only what changed between the two commits (nothing for the same one)."""
-    status = host.get_fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
+    status = fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
     if status and status["complete"] and status["marker"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
         return

@@ -1,0 +1,108 @@
+"""Every fact a converge needs, read in one remote command.
+
+pyinfra 3 keeps no fact cache: each `host.get_fact()` is one round trip, and each operation
+reads its own fact, so a no-op run cost one SSH command per operation (13 per host). The
+deploy knows, once the desired state is decided, exactly which facts its operations will ask
+for (each operation module says so next to the operation: `files.digest_args()`, ...). It reads
+them all with one `Batch` fact, and the operations take their facts through `fact()`, which
+answers from that read and falls back to `host.get_fact()` for anything not read (so an
+operation is always right, only slower, if the list misses something).
+
+The values are those pyinfra's own prepare phase would read: every fact is read before any
+operation runs, in both cases. A part whose output cannot be read is left out, so that
+operation reads it itself and fails with that fact's own message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+from pyinfra import host as current_host
+from pyinfra.api import FactBase
+
+MARK = "@@nemofleet-batch:"
+RC = "@@nemofleet-rc:"
+_CACHE: dict[str, dict[str, object]] = {}  # host name -> {fact key: value}
+
+
+def key(cls: type[FactBase], kwargs: dict) -> str:
+    return f"{cls.__module__}.{cls.__name__}" + json.dumps(kwargs, sort_keys=True, default=list)
+
+
+def _cls(path: str) -> type[FactBase]:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class Batch(FactBase):
+    """Several facts in one command: `parts` is a tuple of (fact class path, kwargs as JSON)."""
+
+    def command(self, parts: tuple = ()) -> str:
+        chunks = []
+        for i, (path, kw) in enumerate(parts):
+            fact = _cls(path)()
+            cmd = fact.command(**json.loads(kw)) if callable(fact.command) else fact.command
+            chunks.append(f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\"")
+        return "; ".join(chunks) + "; true" if chunks else "true"
+
+    def process(self, output):
+        """{part index: its output lines}, for the parts whose command exited 0 (as pyinfra
+        itself would process them); parsed by load(), where the classes are known."""
+        sections: dict[int, list[str]] = {}
+        ok: set[int] = set()
+        current = None
+        for line in output:
+            if line.startswith(MARK):
+                current = int(line[len(MARK):].strip())
+                sections[current] = []
+            elif line.startswith(RC) and current is not None:
+                if line[len(RC):].strip() == "0":
+                    ok.add(current)
+                current = None
+            elif current is not None:
+                sections[current].append(line)
+        return {i: lines for i, lines in sections.items() if i in ok}
+
+
+def load(wanted: list[tuple[type[FactBase], dict]], seeded: dict[str, object] | None = None) -> int:
+    """Read `wanted` facts of the current host in one command (plus values already read, e.g.
+    HostFacts parts, in `seeded`); returns how many parts were read."""
+    cache = _CACHE.setdefault(current_host.name, {})
+    cache.clear()
+    cache.update(seeded or {})
+    todo, seen = [], set()
+    for cls, kwargs in wanted:
+        k = key(cls, kwargs)
+        if k in cache or k in seen:
+            continue
+        seen.add(k)
+        todo.append((cls, kwargs, k))
+    if not todo:
+        return 0
+    parts = tuple((f"{cls.__module__}.{cls.__name__}", json.dumps(kw, sort_keys=True, default=list))
+                  for cls, kw, _ in todo)
+    sections = current_host.get_fact(Batch, parts=parts)
+    for i, (cls, kwargs, k) in enumerate(todo):
+        lines = sections.get(i)
+        if lines is None:
+            continue
+        try:
+            cache[k] = cls().process(lines) if lines else cls().default()
+        except Exception:  # noqa: BLE001 - that operation reads the fact itself and says why
+            continue
+    return len(todo)
+
+
+def fact(cls: type[FactBase], **kwargs):
+    """The fact as read by load() for this host, or read now."""
+    cache = _CACHE.get(current_host.name) or {}
+    k = key(cls, kwargs)
+    if k in cache:
+        return cache[k]
+    return current_host.get_fact(cls, **kwargs)
+
+
+def forget() -> None:
+    """Drop what was read for the current host (a later converge reads afresh)."""
+    _CACHE.pop(current_host.name, None)
