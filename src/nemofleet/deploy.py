@@ -13,7 +13,7 @@ import time
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import python, server, systemd
+from pyinfra.operations import apt, python, server, systemd
 
 from . import bootstrap, paths
 from . import settings as settings_mod
@@ -21,7 +21,7 @@ from .desired import SECRET_KEYS, Desired, build, to_resolve
 from .facts.host import HostFacts
 from .facts import prefetch
 from .facts.weights import HubCommit
-from .operations import daemon_json, docker, files, gpu_access, preflight, units, weights
+from .operations import daemon_json, docker, files, frontdoor, gpu_access, preflight, units, weights
 
 
 def data() -> dict:
@@ -135,9 +135,21 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
     if want.previous_release and want.previous_release != want.release_id:
         server.shell(name=f"Keep release {want.previous_release} for rollback", commands=[want.keep_previous_command])
     changed: set = set()
-    files.managed(name="vLLM units", files=want.units, changed=changed)
-    units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
-    running = units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed)
+    if want.front_door:
+        front_door(want)
+        # one instance at a time, its unit file then its restart, so the others keep serving and a
+        # run that stops half way leaves every unit file matching the container that runs it
+        for path, unit, command in want.drain_restarts:
+            files.managed(name=f"vLLM unit {unit}", files={path: want.units[path]}, changed=changed)
+            units.daemon_reload(name=f"Reload systemd for {unit}", _if=lambda path=path: path in changed)
+            server.shell(name=f"Restart {unit} through the front door (drain, restart, ready, back in)",
+                         commands=[command], _if=lambda path=path: path in changed)
+    else:
+        files.managed(name="vLLM units", files=want.units, changed=changed)
+        units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
+    # with a front door, running units were restarted above: here only starts, enables and removals
+    running = units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
+                            deferred=set() if want.front_door else None)
     if want.ready_command:
         server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command],
                      _if=running.did_change)
@@ -150,6 +162,26 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
     weights.pruned(name="Weights no release on this host uses", directories=want.prune)
     for line in want.frontend_lines:
         host.log(line, logger.info)
+
+
+def front_door(want: Desired) -> None:
+    """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
+    (never restarted) only when its config or keys changed."""
+    apt.packages(name="Front door: HAProxy (distribution package)", packages=["haproxy"])
+    door_changed: set = set()
+    files.managed(name="Front door: drain script and HAProxy drop-in", files=want.front_door_files,
+                  changed=door_changed)
+    files.managed(name="Front door: API key patterns (0600)", files=want.front_door_secrets, secret=True,
+                  changed=door_changed)
+    frontdoor.configured(name="Front door: HAProxy config (haproxy -c before it is live)",
+                         path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed)
+    units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
+                        _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
+    started = systemd.service(name="Front door: HAProxy enabled and running", service="haproxy", running=True,
+                              enabled=True)
+    server.shell(name="Front door: reload HAProxy (connections in flight are kept)",
+                 commands=["systemctl reload haproxy"],
+                 _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN, paths.DRAIN_SCRIPT}))
 
 
 @deploy("nemofleet health")

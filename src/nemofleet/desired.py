@@ -82,6 +82,14 @@ class Desired:
     release_files: FileMap = field(default_factory=dict)
     audit_command: str | None = None
     frontend_lines: list[str] = field(default_factory=list)
+    # front door (HAProxy): its config (validated with haproxy -c on the host before it is live),
+    # its keys file (0600), the drop-in and the drain script; changed instances restart through
+    # nemofleet-drain one at a time instead of all at once
+    front_door: bool = False
+    front_door_config: str | None = None
+    front_door_files: FileMap = field(default_factory=dict)
+    front_door_secrets: FileMap = field(default_factory=dict)
+    drain_restarts: list[tuple[str, str, str]] = field(default_factory=list)  # (unit path, unit, command)
     # health
     health_files: FileMap = field(default_factory=dict)
 
@@ -377,6 +385,8 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
                           "untouched: fix or remove it, then re-run")
     if verdict.plan is not None:
         _secrets_ok(s, secrets, d)
+    if verdict.plan is not None and front_door_wanted(s, verdict.plan):
+        d.refusals += front_door_refusals(s, verdict.plan, facts)
     if d.refusals or verdict.plan is None:
         return d
     _fill(d, s, verdict.plan, facts, secrets, operator)
@@ -401,8 +411,9 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
                            gpu_access_signature(p, facts, d.daemon_json), hint)
     d.gpu_access_record = facts.get("gpu_access")
-    frontends = s["frontends"]
-    d.networks = {f["network"]: bool(f.get("create")) for f in frontends}
+    d.networks = {f["network"]: bool(f.get("create")) for f in s["frontends"]}
+    # with a front door, frontends reach it and the instances join no frontend network
+    frontends = [] if front_door_wanted(s, p) else s["frontends"]
     docker_major = versions.major(facts["docker"].get("server"))
     d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s["start_timeout"]), "0644")
                for i in p.instances}
@@ -424,8 +435,58 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
             alias = d.attached[i.name][fe["network"]]
             d.frontend_lines.append(f"frontend {fe.get('name') or fe['network']}: base URL http://{alias}:8000/v1 "
                                     f"model {p.served_name}")
-    d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s), "0755"),
+    if front_door_wanted(s, p):
+        _front_door(d, s, p, facts, secrets)
+    d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s, d.front_door), "0755"),
                       paths.HEALTH_CRON: (render.health_cron(s), "0644")}
+
+
+def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
+    """front_door: true/false, or none: on when the host runs more than one instance."""
+    return s["front_door"] if s["front_door"] is not None else len(p.instances) > 1
+
+
+def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
+    port, addr = s["front_door_port"], s["front_door_address"]
+    out = []
+    if port in {i.host_port for i in p.instances}:
+        out.append(f"front_door_port {port} is the port of an instance ({p.instances[0].host_port}-"
+                   f"{p.instances[-1].host_port} are taken): choose another")
+    have = {a for addrs in (facts.get("addresses") or {}).values() for a in addrs}
+    if addr and have and addr not in have | {"0.0.0.0", "::"}:
+        out.append(f"front_door_address {addr} is not an address of this host ({', '.join(sorted(have))}): "
+                   "HAProxy could not listen on it")
+    return out
+
+
+def bridge_gateway(facts: dict) -> str | None:
+    """Docker's default bridge gateway (docker0): what host-gateway resolves to in containers."""
+    v4 = [a for a in (facts.get("addresses") or {}).get("docker0", []) if ":" not in a]
+    return v4[0] if v4 else None
+
+
+def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: dict) -> None:
+    d.front_door = True
+    bridge = bridge_gateway(facts)
+    d.front_door_config = render.front_door_config(p, s, bridge)
+    d.front_door_files = {paths.FRONT_DOOR_DROPIN: (render.FRONT_DOOR_DROPIN_TEXT, "0644"),
+                          paths.DRAIN_SCRIPT: (render.drain_script(p, s), "0755")}
+    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {secrets['vllm_api_key']}\n", "0600")}
+    # a running instance whose unit changed: drained, restarted, ready, back in (under the health
+    # check's lock, so a self-heal never runs meanwhile); one not running is started by units.running
+    d.drain_restarts = [(paths.unit_path(i.name), i.unit,
+                         f"systemctl is-active -q {i.unit} || exit 0; "
+                         f"flock -w 900 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart {i.name}")
+                        for i in p.instances]
+    where = s["front_door_address"] or bridge
+    if s["frontends"] and not where:
+        d.warnings.append("the front door listens on 127.0.0.1 only: this host has no Docker bridge (docker0) "
+                          "and no front_door_address, so frontend containers cannot reach it")
+    for fe in s["frontends"]:
+        d.frontend_lines.append(
+            f"frontend {fe.get('name') or fe['network']}: base URL http://{render.url_host(where or '127.0.0.1')}:"
+            f"{s['front_door_port']}/v1 (the front door; or host.docker.internal with extra_hosts "
+            f"host.docker.internal:host-gateway) model {p.served_name}")
 
 
 def planned_release(host: str, facts: dict, data: dict) -> str | None:

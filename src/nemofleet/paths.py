@@ -31,6 +31,14 @@ HEALTH_CRON = "/etc/cron.d/nemofleet-health"
 HEALTH_LOCK = "/run/lock/nemofleet-health.lock"
 WEIGHTS_MARKER = ".nemofleet-complete"
 
+# the front door (HAProxy from the distribution's package; README "Front door")
+FRONT_DOOR_CFG = "/etc/haproxy/haproxy.cfg"
+FRONT_DOOR_KEYS = f"{ETC}/front-door.keys"  # "Bearer <key>" patterns HAProxy reads at load (0600)
+FRONT_DOOR_SOCKET = "/run/haproxy/nemofleet-admin.sock"  # runtime API, root only
+FRONT_DOOR_DROPIN = f"{UNIT_DIR}/haproxy.service.d/nemofleet.conf"
+FRONT_DOOR_BACKEND = "vllm"
+DRAIN_SCRIPT = "/usr/local/bin/nemofleet-drain"  # take an instance out of the front door, restart, put back
+
 
 def unit_name(instance: str) -> str:
     return f"{UNIT_PREFIX}{instance}.service"

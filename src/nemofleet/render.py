@@ -127,18 +127,53 @@ def _bracketed(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+url_host = _bracketed
+
+
 def probe_address(plan: Plan) -> str:
     """Where checks on the host reach the published ports (as it goes in a URL)."""
     return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else _bracketed(plan.bind_address)
 
 
-def health_script(plan: Plan, s) -> str:
+def health_script(plan: Plan, s, front_door: bool = False) -> str:
     return _env.get_template("nemofleet-health.sh.j2").render(
+        drain=paths.DRAIN_SCRIPT if front_door else "",
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
         check_infer=1 if s["health_check_infer"] else 0, fail_restart=s["health_fail_restart"],
         restart_grace=s["health_restart_grace"], restarts_per_hour=s["health_restarts_per_hour"],
         prom_dir=s["prom_dir"],
     )
+
+
+FRONT_DOOR_DROPIN_TEXT = (
+    "# Managed by nemofleet: the front door listens on the Docker bridge gateway, which exists once\n"
+    "# dockerd has started.\n[Unit]\nAfter=docker.service\nWants=docker.service\n")
+
+
+def front_door_binds(s, bridge: str | None) -> list[str]:
+    """Where the front door listens: loopback (clients on the host, the load generator) and the
+    address containers reach the host on (front_door_address, else Docker's bridge gateway)."""
+    port = s["front_door_port"]
+    extra = s["front_door_address"] or bridge
+    binds = [f"127.0.0.1:{port}"]
+    if extra and extra not in ("127.0.0.1",):
+        binds.append(f"{_bracketed(extra)}:{port}")
+    return binds
+
+
+def front_door_config(plan: Plan, s, bridge: str | None) -> str:
+    return _env.get_template("haproxy.cfg.j2").render(
+        host=plan.host, served_name=plan.served_name, keys_file=paths.FRONT_DOOR_KEYS,
+        socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, timeout=s["front_door_timeout"],
+        maxconn=4096, binds=front_door_binds(s, bridge), address=probe_address(plan),
+        servers=[(i.name, i.host_port) for i in plan.instances])
+
+
+def drain_script(plan: Plan, s) -> str:
+    return _env.get_template("nemofleet-drain.sh.j2").render(
+        host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
+        socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, drain_seconds=s["drain_seconds"],
+        ready_timeout=s["ready_timeout"])
 
 
 def health_conf(s) -> str:

@@ -283,8 +283,18 @@ KEYS: list[Key] = [
     Key("https_proxy", (_S, _N), None, "HTTPS proxy for dockerd", "docker", pattern=SAFE_URL),
     Key("no_proxy", (_S, _N), None, "hosts dockerd reaches directly", "docker", pattern=NO_PROXY),
     # --- frontends
-    Key("frontends", (_L,), [], "Docker networks the instances join [{name, network, alias, create}]",
+    Key("frontends", (_L,), [], "Docker networks of the frontends [{name, network, alias, create}]; the "
+        "instances join them, or with a front door the frontends reach it",
         "frontends", check=_frontends),
+    # --- front door
+    Key("front_door", (_B, _N), None, "one HAProxy endpoint per host in front of the instances "
+        "(none: on when the host has more than one instance)", "front_door"),
+    Key("front_door_port", (_I,), 8800, "port of the front door (on 127.0.0.1 and front_door_address)", "front_door",
+        minimum=1, maximum=65535),
+    Key("front_door_address", (_S, _N), None, "address the front door also listens on for containers (none: "
+        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip),
+    Key("front_door_timeout", (_I,), 3600, "seconds a request (a long streamed generation) may last at the front door",
+        "front_door", minimum=30, maximum=86400),
     # --- health
     Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON),
     Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),

@@ -49,6 +49,12 @@ CASES = {
          "health_webhook_url": "https://hooks.example.internal/T0/abc", "http_proxy": "http://proxy.internal:3128"}),
     "h100-8x-trap": (facts(gpus=8, name="NVIDIA H100 80GB HBM3", mib=81559, docker="24.0.7"),
                      {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}}),
+    # the front door (on by default with 8 instances) on the Docker bridge, frontends reach it
+    "h100-8x-front-door-frontends": (
+        dict(facts(gpus=8, name="NVIDIA H100 80GB HBM3", mib=81559, docker="24.0.7"),
+             addresses={"lo": ["127.0.0.1", "::1"], "eth0": ["10.0.0.5"], "docker0": ["172.17.0.1"]}),
+        {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}, "tensor_parallel_size": 2,
+         "frontends": [{"name": "open-webui", "network": "open-webui_default", "create": True}]}),
 }
 
 
@@ -61,9 +67,13 @@ def dump(d: desired.Desired) -> str:
            f"attached: {json.dumps(d.attached, sort_keys=True)}", f"absent: {d.absent}",
            f"probe: {d.gpu_probe.gpu_args if d.gpu_probe else None} {d.gpu_probe.signature if d.gpu_probe else ''}"]
     out += [f"download: {x.repo}@{x.revision} -> {x.directory} via {x.endpoint}" for x in d.downloads]
-    for group in ("host_files", "secret_files", "units", "health_files", "release_files"):
+    out += [f"front door: {d.front_door}", f"drain restarts: {d.drain_restarts}"]
+    if d.front_door_config:
+        out.append(f"--- front_door_config\n{d.front_door_config}")
+    for group in ("host_files", "secret_files", "units", "health_files", "release_files", "front_door_files",
+                  "front_door_secrets"):
         for path, (content, mode) in sorted(getattr(d, group).items()):
-            shown = "(secret)" if group == "secret_files" else content
+            shown = "(secret)" if group in ("secret_files", "front_door_secrets") else content
             out.append(f"--- {group} {path} {mode}\n{shown}")
     return "\n".join(out) + "\n"
 

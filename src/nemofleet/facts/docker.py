@@ -122,6 +122,25 @@ class ImageInfo(FactBase):
         return {"id": img_id, "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
 
 
+class HostAddresses(FactBase):
+    """{interface: [IP address, ...]} of the host (`ip -o addr`). docker0's first IPv4 address is
+    Docker's default bridge gateway: what `host-gateway` (`--add-host=host.docker.internal:host-gateway`)
+    resolves to in containers."""
+
+    command = "ip -o addr show 2>/dev/null | awk '{print $2, $4}'"
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        out: dict = {}
+        for line in output:
+            parts = line.split()
+            if len(parts) == 2:
+                out.setdefault(parts[0], []).append(parts[1].split("/", 1)[0])
+        return out
+
+
 class Networks(FactBase):
     """{name: exists} for each Docker network name."""
 

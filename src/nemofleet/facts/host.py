@@ -7,7 +7,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
-from .docker import DaemonJson, DockerInfo, ImageInfo
+from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
 from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
 from .weights import ModelsOnDisk
@@ -96,6 +96,7 @@ class HostFacts(FactBase):
         "release": (Release, {}),
         "gpu_access": (GpuAccessRecord, {}),
         "lock": (DeployLock, {}),
+        "addresses": (HostAddresses, {}),
     }
     MARK = "@@nemofleet-fact:"
 
@@ -140,8 +141,8 @@ def facts_file_problem(host: str, facts) -> str | None:
     """One sentence when a facts file's entry for `host` is not a whole HostFacts (None when it is)."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
-    # the release, GPU-access record and lock only matter to a deploy, never to a plan
-    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock")]
+    # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan
+    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses")]
     if missing:
         return (f"the facts file's entry for {host} lacks {', '.join(missing)}: write it with "
                 "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")

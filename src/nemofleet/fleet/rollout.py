@@ -166,8 +166,11 @@ def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, 
         res.result, res.detail = "unreachable", "could not connect over SSH"
         return res
     res.old = before.release
-    r = driver.run(inventory, [host], DEPLOY, data={**data, "wait_ready": "false"}, timeout=window + DEPLOY_SLACK,
-                   env=env)
+    # the gate waits for readiness; a front door's one-at-a-time restarts wait for each instance
+    # themselves, at most the startup window each (an instance that fails stops the deploy there)
+    r = driver.run(inventory, [host], DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
+                                                    "wait_ready": "false"},
+                   timeout=window + DEPLOY_SLACK, env=env)
     if r.rc != 0 and not driver.connected(r.out, host):
         res.result, res.detail = "unreachable", "could not connect over SSH"
     elif r.rc != 0:

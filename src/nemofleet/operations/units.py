@@ -12,9 +12,12 @@ UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 
 
 @operation(is_idempotent=True)
-def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system"):
+def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
+            deferred: set | None = None):
     """Every unit enabled and active; a unit whose file changed is restarted (only that one);
-    nemofleet units no longer in the plan are stopped, disabled and removed."""
+    nemofleet units no longer in the plan are stopped, disabled and removed. With `deferred` (a
+    front door), a running unit whose file changed is not restarted here but added to the set:
+    the deploy restarts it through the front door's drain, one at a time."""
     st = fact(UnitStates, units=tuple(units))
     stale = sorted(set(st["files"]) - set(units))
     cmds = []
@@ -29,7 +32,10 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
         if not s["active"]:
             cmds.append(StringCommand("systemctl", "start", "--no-block", u))
         elif changed and f"{unit_dir}/{u}" in changed:
-            cmds.append(StringCommand("systemctl", "restart", "--no-block", u))
+            if deferred is not None:
+                deferred.add(u)
+            else:
+                cmds.append(StringCommand("systemctl", "restart", "--no-block", u))
     if not cmds:
         host.noop(f"{len(units)} vLLM unit(s) enabled and active")
         return

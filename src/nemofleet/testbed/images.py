@@ -28,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 SRC = HERE.parent
 SUITE = "bookworm"
 HOST_PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "cron", "python3", "curl",
-                 "ca-certificates", "docker.io", "iproute2", "rsync", "procps", "iptables", "kmod", "sudo"]
+                 "ca-certificates", "docker.io", "iproute2", "rsync", "procps", "iptables", "kmod", "sudo",
+                 "haproxy"]
 STANDIN_PACKAGES = ["python3"]
 HF_HUB = "huggingface_hub==2.4.0"
 

@@ -10,6 +10,10 @@ Per request (stand-in only; a real vLLM ignores an unknown request field with a 
 "standin_hold_seconds": N (at most 60) keeps the completion in flight that long, so /metrics shows
 it in vllm:num_requests_running (beyond --max-num-seqs in vllm:num_requests_waiting) and in the
 KV-cache usage, which grows with the running requests like a real server's.
+"stream": true answers as vLLM does, in server-sent events (one chunk per piece of the answer, the
+hold spread over them, then `data: [DONE]`).
+SIGTERM (docker stop) drains like vLLM's --shutdown-timeout: /health answers 503 and new requests
+are refused at once, requests in flight finish (up to --shutdown-timeout seconds), then it exits.
 """
 import json
 import os
@@ -24,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vllm_flags  # noqa: E402
 
 VERSION = os.environ.get("STANDIN_VLLM_VERSION", "0.27.1")
-STATE = {"ready": False, "requests": 0, "running": 0, "started": time.time(), "dead": False}
+STATE = {"ready": False, "requests": 0, "running": 0, "started": time.time(), "dead": False, "draining": False}
 LOCK = threading.Lock()
 KV_PER_REQUEST = 0.0125  # share of the KV cache one short chat request holds (prompt + answer blocks)
 MAX_HOLD_SECONDS = 60
@@ -93,7 +97,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         p = self.path.split("?")[0]
         if p == "/health":
-            healthy = STATE["ready"] and not STATE["dead"] and os.environ.get("STANDIN_FAIL") != "health"
+            healthy = (STATE["ready"] and not STATE["dead"] and not STATE["draining"]
+                       and os.environ.get("STANDIN_FAIL") != "health")
             if healthy and not nvml_ok():
                 STATE["dead"] = True
                 healthy = False
@@ -131,10 +136,34 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"object": "list", "data": data})
         return self.send(404, {"detail": "Not Found"})
 
+    def stream(self, req, hold, reasoning, content, finish):
+        """Server-sent events as vLLM's OpenAI server sends them (the connection closes after [DONE])."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.end_headers()
+        base = {"id": f"chatcmpl-{STATE['requests']}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": req["model"]}
+        pieces = [{"role": "assistant", "content": ""}]
+        if reasoning:
+            pieces.append({"reasoning": reasoning, "reasoning_content": reasoning})
+        pieces += [{"content": w + " "} for w in (content or "").split(" ")]
+        for k, delta in enumerate(pieces):
+            time.sleep(hold / len(pieces))
+            last = k == len(pieces) - 1
+            chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish if last else None}]}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
     def do_POST(self):
         p = self.path.split("?")[0]
         if not STATE["ready"]:
             return self.send(503, {"error": "server is starting"})
+        if STATE["draining"]:
+            return self.send(503, {"error": "server is shutting down"})
         if p in ("/v1/chat/completions", "/invocations"):
             if p.startswith("/v1") and not self.authorised():
                 return
@@ -153,25 +182,27 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 STATE["running"] += 1
             try:
+                thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
+                max_tokens = int(req.get("max_tokens") or 1024)
+                reasoning = "The user asks a question; I compute the answer step by step." if thinking else None
+                r_tokens = 48 if thinking else 0
+                content, finish = "391. The product is (17 x 20) + (17 x 3) = 391.", "stop"
+                if thinking and max_tokens <= r_tokens:
+                    content, finish = None, "length"  # reasoning starved the answer (docs/recipes.md, max_tokens)
+                if req.get("stream"):
+                    return self.stream(req, hold, reasoning, content, finish)
                 time.sleep(hold)  # generating: in flight for /metrics meanwhile
+                msg = {"role": "assistant", "content": content, "reasoning": reasoning,
+                       "reasoning_content": reasoning, "tool_calls": []}
+                return self.send(200, {
+                    "id": f"chatcmpl-{STATE['requests']}", "object": "chat.completion", "created": int(time.time()),
+                    "model": req["model"], "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": 12, "completion_tokens": r_tokens + 20, "total_tokens": r_tokens + 32},
+                })
             finally:
                 with LOCK:
                     STATE["running"] -= 1
                     STATE["requests"] += 1
-            thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-            max_tokens = int(req.get("max_tokens") or 1024)
-            reasoning = "The user asks a question; I compute the answer step by step." if thinking else None
-            r_tokens = 48 if thinking else 0
-            content, finish = "391. The product is (17 x 20) + (17 x 3) = 391.", "stop"
-            if thinking and max_tokens <= r_tokens:
-                content, finish = None, "length"  # reasoning starved the answer (docs/recipes.md, max_tokens)
-            msg = {"role": "assistant", "content": content, "reasoning": reasoning,
-                   "reasoning_content": reasoning, "tool_calls": []}
-            return self.send(200, {
-                "id": f"chatcmpl-{STATE['requests']}", "object": "chat.completion", "created": int(time.time()),
-                "model": req["model"], "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-                "usage": {"prompt_tokens": 12, "completion_tokens": r_tokens + 20, "total_tokens": r_tokens + 32},
-            })
         return self.send(404, {"detail": "Not Found"})
 
 
@@ -192,7 +223,21 @@ def main(argv):
         fail(f"FileNotFoundError: reasoning parser plugin {args.reasoning_parser_plugin} not found")
     check_gpus(args.tensor_parallel_size or 1)
     server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
-    signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=server.shutdown).start())
+    def drain_then_stop():
+        # like vLLM's --shutdown-timeout: no new requests, those in flight finish, then exit
+        STATE["draining"] = True
+        deadline = time.time() + (getattr(args, "shutdown_timeout", None) or 0)
+        while time.time() < deadline:
+            with LOCK:
+                if STATE["running"] == 0:
+                    break
+            time.sleep(0.1)
+        with LOCK:
+            left = STATE["running"]
+        print(f"INFO:     Shutting down ({left} request(s) still in flight)", flush=True)
+        server.shutdown()
+
+    signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=drain_then_stop).start())
 
     release = os.environ.get("STANDIN_RELEASE", "base")
     try:
@@ -211,7 +256,6 @@ def main(argv):
     threading.Thread(target=load, daemon=True).start()
     print(f"INFO:     Uvicorn running on http://{args.host or '0.0.0.0'}:{args.port or 8000}", flush=True)
     server.serve_forever()
-    print("INFO:     Shutting down", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""The front door's HAProxy config: checked with `haproxy -c` on the host before it goes live."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+
+from pyinfra import host
+from pyinfra.api import operation
+
+from ..facts.files import FilesDigest
+from . import atomic_put, temp_path
+
+
+def refusal(host_name: str, path: str) -> str:
+    host_name, path = host_name.replace("%", "%%"), path.replace("%", "%%")  # a printf format
+    return (f"the front door config of {host_name} fails haproxy -c (%s); {path} and the running proxy "
+            "are left as they were")
+
+
+@operation(is_idempotent=True)
+def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy"):
+    """`path` holds `content` (0644), but only a config that `haproxy -c` accepts replaces the
+    live one: a refused config is removed and the host fails with one sentence (HAProxy's first
+    ALERT line in it); the live file and the running proxy are untouched."""
+    want = ("644", hashlib.sha256(content.encode()).hexdigest())
+    if host.get_fact(FilesDigest, paths=(path,)).get(path) == want:
+        host.noop("front door config up to date")
+        return
+    if changed is not None:
+        changed.add(path)
+    q, tmp = shlex.quote, temp_path(path)
+    sentence = refusal(host.name, path)
+    validate = (f"if ! out=$({q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
+                f"why=$(printf '%s\\n' \"$out\" | grep -m1 -E 'ALERT|rror' | tr -d '\\r' | cut -c1-300); "
+                f"printf {q(sentence)}'\\n' \"${{why:-exit status non-zero}}\" >&2; exit 1; fi; ")
+    yield from atomic_put(content, path, "0644", validate=validate)
