@@ -213,6 +213,10 @@ def fact_reads(want: Desired) -> list[tuple]:
     reads += [files.reads(f, d) for f, d in ((want.host_files, None), (want.secret_files, want.secret_dirs),
                                              (want.units, None), (want.release_files, {paths.STATE_DIR: "0755"}),
                                              (want.health_files, None)) if f]
+    if want.front_door:  # the front door's files and the units it writes one at a time
+        reads += [files.reads(f) for f in (want.front_door_files, want.front_door_secrets)]
+        reads += [frontdoor.reads(paths.FRONT_DOOR_CFG)]
+        reads += [files.reads({path: want.units[path]}) for path, _, _ in want.drain_restarts]
     reads += [(WeightsStatus, {"directory": d.directory, "revision": d.revision, "full": d.full_verify})
               for d in want.downloads]
     if want.networks:
