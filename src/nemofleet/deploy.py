@@ -95,12 +95,9 @@ def configure_host(want: Desired) -> set:
                      _if=lambda: paths.DEV_CHAR_RULE in host_changed)
     files.managed(name="Secrets (0600, root only)", files=want.secret_files, secret=True, dirs=want.secret_dirs)
     if want.authorized_key:
-        from pyinfra.operations import files as pfiles
-
-        key = want.authorized_key.split(" ", 1)[1]
-        pfiles.line(name="Fleet seed key may read weights from this host (read-only rsync)",
-                    path="/root/.ssh/authorized_keys", line=f".*{re.escape(key)}$", replace=want.authorized_key,
-                    present=True)
+        files.authorized_key(name="Fleet seed key may read weights from this host (read-only rsync)",
+                             path=paths.ROOT_AUTHORIZED_KEYS, line=want.authorized_key,
+                             key=re.search(r"(ssh-|ecdsa-|sk-)\S+ \S+.*$", want.authorized_key).group(0))
     if want.absent:
         files.absent(name="No stale HF token", paths=want.absent)
     if want.cdi_command:
@@ -210,6 +207,8 @@ def fact_reads(want: Desired) -> list[tuple]:
     from .facts.weights import WeightsStatus
 
     reads = [(DaemonJson, {"path": daemon_json.DAEMON_JSON}), (ImageInfo, {"ref": want.image})]
+    if want.authorized_key:
+        reads.append(files.key_reads(paths.ROOT_AUTHORIZED_KEYS))
     reads += [files.reads(f, d) for f, d in ((want.host_files, None), (want.secret_files, want.secret_dirs),
                                              (want.units, None), (want.release_files, {paths.STATE_DIR: "0755"}),
                                              (want.health_files, None)) if f]

@@ -13,6 +13,7 @@ HF_ENV = f"{ETC}/hf.env"  # HF_TOKEN for downloads (0600)
 HEALTH_CONF = f"{ETC}/health.conf"  # webhook URL and other health knobs (0600)
 SEED_KEY = f"{ETC}/seed_ed25519"
 SEED_KNOWN_HOSTS = f"{ETC}/seed_known_hosts"
+ROOT_AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # where the restricted fleet seed key is authorised
 
 STATE_DIR = "/var/lib/nemofleet"
 RELEASE = f"{STATE_DIR}/release"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import posixpath
+import shlex
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, operation
@@ -65,3 +67,30 @@ def absent(paths: list[str], removed: set | None = None):
     if removed is not None:
         removed.update(gone)
     yield StringCommand("rm", "-f", *gone)
+
+
+def key_reads(path: str) -> tuple:
+    """The fact authorized_key() reads (read ahead by deploy.py)."""
+    return FileText, {"path": path}
+
+
+@operation(is_idempotent=True)
+def authorized_key(path: str, line: str, key: str):
+    """`line` is the only line of `path` (an authorized_keys file) for public key `key`.
+
+    A missing line is appended; a line for the same key with other options (an older
+    restriction) is replaced, every other line kept as it is. One fact, read ahead with the rest.
+    """
+    cls, kwargs = key_reads(path)
+    lines = [ln for ln in fact(cls, **kwargs).splitlines() if ln.strip()]
+    blob = key.split()[1]  # "ssh-ed25519 AAAA... comment": the key itself, whatever the options
+    mine = [ln for ln in lines if blob in ln.split()]
+    if mine == [line]:
+        host.noop(f"{path} authorizes the key once, as wanted")
+        return
+    if not mine:
+        yield StringCommand("sh", "-c", shlex.quote(
+            f"umask 077; mkdir -p {shlex.quote(posixpath.dirname(path))}; "
+            f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}"))
+        return
+    yield from atomic_put("".join(ln + "\n" for ln in lines if ln not in mine) + line + "\n", path, "0600")
