@@ -161,22 +161,25 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
         host.log(line, logger.info)
 
 
-def front_door(want: Desired) -> None:
+def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None) -> None:
     """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
-    (never restarted) only when its config or keys changed."""
-    apt.packages(name="Front door: HAProxy (distribution package)", packages=["haproxy"])
+    (never restarted) only when its config or keys changed. The same steps set up a host's front
+    door and the fleet gateway (nemofleet.gateway, label "Gateway")."""
+    apt.packages(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
     door_changed: set = set()
-    files.managed(name="Front door: drain script and HAProxy drop-in", files=want.front_door_files,
-                  changed=door_changed)
-    files.managed(name="Front door: API key patterns (0600)", files=want.front_door_secrets, secret=True,
-                  changed=door_changed)
-    frontdoor.configured(name="Front door: HAProxy config (haproxy -c before it is live)",
+    if want.front_door_files:
+        files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files,
+                      changed=door_changed)
+    files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
+                  changed=door_changed, **({"dirs": secret_dirs} if secret_dirs else {}))
+    frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
                          path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed)
-    units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
-                        _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
-    started = systemd.service(name="Front door: HAProxy enabled and running", service="haproxy", running=True,
+    if paths.FRONT_DOOR_DROPIN in want.front_door_files:
+        units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
+                            _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
+    started = systemd.service(name=f"{label}: HAProxy enabled and running", service="haproxy", running=True,
                               enabled=True)
-    server.shell(name="Front door: reload HAProxy (connections in flight are kept)",
+    server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
                  commands=["systemctl reload haproxy"],
                  _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN, paths.DRAIN_SCRIPT}))
 
@@ -188,6 +191,11 @@ def health(want: Desired) -> None:
 
 def nemotron() -> None:
     """The main job: fresh GPU hosts to serving; a converged host changes nothing."""
+    from .gateway import GROUP
+
+    if GROUP in (host.groups or ()):  # no GPUs there: deploys/gateway.py configures it
+        host.log(f"a host of group {GROUP}: deploys/gateway.py configures it; nothing to serve here", logger.info)
+        return
     try:
         s = settings_mod.parse(data())
     except settings_mod.SettingsError:

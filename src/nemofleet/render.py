@@ -161,12 +161,29 @@ def front_door_binds(s, bridge: str | None) -> list[str]:
     return binds
 
 
-def front_door_config(plan: Plan, s, bridge: str | None) -> str:
+def haproxy_config(header: list[str], frontend: str, binds: list[str], servers: list[tuple[str, str]],
+                   timeout: int, fall: int, rise: int, inter: int = 2) -> str:
+    """The one HAProxy config nemofleet writes (templates/haproxy.cfg.j2), for a host's front door
+    and for the fleet gateway alike: leastconn over `servers` [(name, "address:port")], /health
+    checked every `inter` s (down after `fall` failures, back after `rise` passes) and every
+    response observed, the key checked against paths.FRONT_DOOR_KEYS, long timeouts for streams."""
     return _env.get_template("haproxy.cfg.j2").render(
-        host=plan.host, served_name=plan.served_name, keys_file=paths.FRONT_DOOR_KEYS,
-        socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, timeout=s["front_door_timeout"],
-        maxconn=4096, binds=front_door_binds(s, bridge), address=probe_address(plan),
-        servers=[(i.name, i.host_port) for i in plan.instances])
+        header=header, frontend=frontend, keys_file=paths.FRONT_DOOR_KEYS, socket=paths.FRONT_DOOR_SOCKET,
+        backend=paths.FRONT_DOOR_BACKEND, timeout=timeout, maxconn=4096, binds=binds, servers=servers,
+        inter=inter, fall=fall, rise=rise)
+
+
+def front_door_config(plan: Plan, s, bridge: str | None) -> str:
+    header = [
+        f"Managed by nemofleet: the front door of {plan.host} (rendered from its serving plan; do not edit).",
+        f"One OpenAI-compatible endpoint for {plan.served_name}: least outstanding requests across the",
+        "instances, /health checked actively and every response observed passively, the API key checked",
+        f"here (patterns in {paths.FRONT_DOOR_KEYS}, 0600, read at load) and again by each instance.",
+        "Validated with `haproxy -c -f` before it replaces the live file; applied with `systemctl reload`."]
+    address = probe_address(plan)
+    return haproxy_config(header, "front_door", front_door_binds(s, bridge),
+                          [(i.name, f"{address}:{i.host_port}") for i in plan.instances],
+                          s["front_door_timeout"], fall=2, rise=1)
 
 
 def drain_script(plan: Plan, s) -> str:

@@ -169,6 +169,43 @@ def _seed(value) -> str | None:
     return None
 
 
+def _gateway_backends(value) -> str | None:
+    """[{host, port, name}]: each model endpoint of the fleet the gateway balances over (a GPU host's
+    front door, or the instance port of a single-instance host)."""
+    import ipaddress
+
+    seen_targets, seen_names = set(), set()
+    for n, b in enumerate(value or [], 1):
+        if not isinstance(b, dict):
+            return f"entry {n} must be a mapping {{host, port, name}}, not {b!r}"
+        extra = sorted(set(b) - {"host", "port", "name"})
+        if extra:
+            return f"entry {n} has unknown keys {', '.join(map(str, extra))} (known: host, port, name)"
+        h, port, name = b.get("host"), b.get("port"), b.get("name")
+        ok = False
+        if isinstance(h, str):
+            try:
+                ipaddress.ip_address(h)
+                ok = True
+            except ValueError:
+                ok = bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                                       r"[A-Za-z0-9])?)*", h)) and len(h) <= 253
+        if not ok:
+            return f"entry {n}: host {h!r} is not an IP address or a host name"
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            return f"entry {n} ({h}): port {port!r} is not a TCP port (1-65535)"
+        if name is not None and not (isinstance(name, str) and re.fullmatch(NAME, name)):
+            return f"entry {n} ({h}): name {name!r} must be letters, digits, '_', '.', '-'"
+        name = name or f"{h}:{port}"
+        if (h, port) in seen_targets:
+            return f"entry {n} repeats {h}:{port}"
+        if name in seen_names:
+            return f"entry {n} repeats the name {name}"
+        seen_targets.add((h, port))
+        seen_names.add(name)
+    return None
+
+
 def _model(value) -> str | None:
     if isinstance(value, str):
         return None if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value) else f"{value!r} is not a catalog key"
@@ -293,8 +330,19 @@ KEYS: list[Key] = [
         minimum=1, maximum=65535),
     Key("front_door_address", (_S, _N), None, "address the front door also listens on for containers (none: "
         "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip),
-    Key("front_door_timeout", (_I,), 3600, "seconds a request (a long streamed generation) may last at the front door",
-        "front_door", minimum=30, maximum=86400),
+    Key("front_door_timeout", (_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
+        "(and at the gateway)", "front_door", minimum=30, maximum=86400),
+    # --- fleet gateway (deploys/gateway.py, hosts of the inventory group `gateway`)
+    Key("gateway_backends", (_L,), [], "the model endpoints a gateway host balances over [{host, port, name}]: "
+        "each GPU host's front door (front_door_port) or, with one instance, its instance port", "gateway",
+        check=_gateway_backends),
+    Key("gateway_port", (_I,), 8800, "port of the gateway's one endpoint", "gateway", minimum=1, maximum=65535),
+    Key("gateway_address", (_S,), "0.0.0.0", "address the gateway listens on (0.0.0.0: every address)", "gateway",
+        check=_ip),
+    Key("gateway_fall", (_I,), 3, "failed /health checks (2 s apart) before the gateway ejects a backend",
+        "gateway", minimum=1, maximum=100),
+    Key("gateway_rise", (_I,), 2, "passed /health checks before an ejected backend takes requests again",
+        "gateway", minimum=1, maximum=100),
     # --- health
     Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON),
     Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),
