@@ -17,6 +17,13 @@ gpu_h200 = [
     ("h200-01.example.internal", {"ssh_user": "root"}),
 ]
 
+# The fleet gateway (deploys/gateway.py, docs/gateway.md): one endpoint across the hosts above, e.g.
+#   pyinfra -y inventories/prod.py deploys/gateway.py --limit gateway
+# Its backends are listed in group_data/gateway.py (deploys/nemotron.py leaves this group alone).
+# gateway = [
+#     ("gw-01.example.internal", {"ssh_user": "root"}),
+# ]
+
 from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
 
 checked(globals())

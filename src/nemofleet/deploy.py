@@ -173,7 +173,8 @@ def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | Non
     files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
                   changed=door_changed, **({"dirs": secret_dirs} if secret_dirs else {}))
     frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
-                         path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed)
+                         path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed,
+                         **({"role": label.lower()} if label != "Front door" else {}))
     if paths.FRONT_DOOR_DROPIN in want.front_door_files:
         units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
                             _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)

@@ -14,6 +14,8 @@ restarted) when it changes. No GPU, driver or Docker is needed or checked on a g
 
 from __future__ import annotations
 
+from pyinfra.api import deploy
+
 from . import paths, render
 from . import settings as settings_mod
 from .desired import Desired, _secrets_ok
@@ -74,23 +76,40 @@ def _where(addr: str, host: str) -> str:
     return host if addr in ("0.0.0.0", "::") else addr
 
 
-def gateway() -> None:
-    """deploys/gateway.py: configure the hosts of group `gateway`; any other host is left alone."""
-    from pyinfra import host, logger
+@deploy("nemofleet gateway preflight")
+def _preflight() -> Desired:
+    from pyinfra import host
 
-    from .deploy import data, front_door, read_secrets
-    from .facts import prefetch
-    from .operations import files, frontdoor, preflight
+    from .deploy import data, read_secrets
+    from .operations import preflight
 
-    if GROUP not in (host.groups or ()):
-        host.log(f"not in inventory group {GROUP}: deploys/gateway.py leaves this host alone", logger.info)
-        return
     d = data()
     want = build(host.name, d, read_secrets(d))
     preflight.verdict(name="Preflight: can this host be the gateway?", refusals=want.refusals)
-    if want.refusals:
-        return
+    return want
+
+
+@deploy("nemofleet gateway")
+def _configure(want: Desired) -> None:
+    from pyinfra import host, logger
+
+    from .deploy import front_door
+    from .facts import prefetch
+    from .operations import files, frontdoor
+
     prefetch.load([files.reads(want.front_door_secrets, want.secret_dirs), frontdoor.reads(paths.FRONT_DOOR_CFG)])
     front_door(want, label="Gateway", secret_dirs=want.secret_dirs)
     for line in want.frontend_lines:
         host.log(line, logger.info)
+
+
+def gateway() -> None:
+    """deploys/gateway.py: configure the hosts of group `gateway`; any other host is left alone."""
+    from pyinfra import host, logger
+
+    if GROUP not in (host.groups or ()):
+        host.log(f"not in inventory group {GROUP}: deploys/gateway.py leaves this host alone", logger.info)
+        return
+    want = _preflight()
+    if not want.refusals:
+        _configure(want)

@@ -13,9 +13,9 @@ from ..facts.prefetch import fact
 from . import atomic_put, temp_path
 
 
-def refusal(host_name: str, path: str) -> str:
+def refusal(host_name: str, path: str, role: str = "front door") -> str:
     host_name, path = host_name.replace("%", "%%"), path.replace("%", "%%")  # a printf format
-    return (f"the front door config of {host_name} fails haproxy -c (%s); {path} and the running proxy "
+    return (f"the {role} config of {host_name} fails haproxy -c (%s); {path} and the running proxy "
             "are left as they were")
 
 
@@ -25,10 +25,12 @@ def reads(path: str) -> tuple:
 
 
 @operation(is_idempotent=True)
-def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy"):
+def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy",
+               role: str = "front door"):
     """`path` holds `content` (0644), but only a config that `haproxy -c` accepts replaces the
     live one: a refused config is removed and the host fails with one sentence (HAProxy's first
-    ALERT line in it); the live file and the running proxy are untouched."""
+    ALERT line in it); the live file and the running proxy are untouched. `role`: what the
+    sentence calls it (the host's "front door", or the fleet "gateway")."""
     want = ("644", hashlib.sha256(content.encode()).hexdigest())
     cls, kwargs = reads(path)
     if fact(cls, **kwargs).get(path) == want:
@@ -37,7 +39,7 @@ def configured(path: str, content: str, changed: set | None = None, haproxy: str
     if changed is not None:
         changed.add(path)
     q, tmp = shlex.quote, temp_path(path)
-    sentence = refusal(host.name, path)
+    sentence = refusal(host.name, path, role)
     validate = (f"if ! out=$({q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
                 f"why=$(printf '%s\\n' \"$out\" | grep -m1 -E 'ALERT|rror' | tr -d '\\r' | cut -c1-300); "
                 f"printf {q(sentence)}'\\n' \"${{why:-exit status non-zero}}\" >&2; exit 1; fi; ")
