@@ -1,7 +1,8 @@
 """The local testbed of simulated GPU hosts (started by `nemofleet testbed up` / `make demo`).
 
 Hosts are reached over real SSH on 127.0.0.1 only, with the key generated for this testbed.
-Deliberately broken hosts join only when NEMOFLEET_TESTBED_BROKEN=1 (the tests do that).
+Deliberately broken hosts join only when NEMOFLEET_TESTBED_BROKEN=1 (the tests do that), the
+gateway host (group gateway, deploys/gateway.py) only when NEMOFLEET_TESTBED_GATEWAY=1.
 NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
 """
 import os
@@ -14,11 +15,14 @@ if not _state.get("hosts"):
 
 _only = [h for h in os.environ.get("NEMOFLEET_TESTBED_HOSTS", "").split(",") if h]
 _broken = os.environ.get("NEMOFLEET_TESTBED_BROKEN") == "1"
+_gateway = os.environ.get("NEMOFLEET_TESTBED_GATEWAY") == "1"
 _groups: dict = {}
 for _name, _h in _state["hosts"].items():
     if _only and _name not in _only:
         continue
     if _name.startswith("broken") and not _broken and not _only:
+        continue
+    if _h["group"] == "gateway" and not _gateway and not _only:
         continue
     _groups.setdefault(_h["group"] or "gpu_unknown", []).append((_name, {
         "ssh_hostname": "127.0.0.1",
@@ -34,6 +38,7 @@ gpu_a100 = _groups.get("gpu_a100", [])
 gpu_h100 = _groups.get("gpu_h100", [])
 gpu_h200 = _groups.get("gpu_h200", [])
 gpu_b200 = _groups.get("gpu_b200", [])
+gateway = _groups.get("gateway", [])  # the fleet gateway (deploys/gateway.py)
 
 from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
 

@@ -251,7 +251,8 @@ def ensure_host(host: str, spec: dict, port: int, state: dict) -> None:
     if action == "replace":
         log(sentence)
         destroy_host(host)
-    log(f"starting {host} ({len(spec['gpus'])}x {spec['gpus'][0]['name']}) on 127.0.0.1:{port}")
+    what = f"{len(spec['gpus'])}x {spec['gpus'][0]['name']}" if spec["gpus"] else "no GPU"
+    log(f"starting {host} ({what}) on 127.0.0.1:{port}")
     create_host(host, spec, port, state)
 
 
