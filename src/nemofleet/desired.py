@@ -486,7 +486,9 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
         d.frontend_lines.append(
             f"frontend {fe.get('name') or fe['network']}: base URL http://{render.url_host(where or '127.0.0.1')}:"
             f"{s['front_door_port']}/v1 (the front door; or host.docker.internal with extra_hosts "
-            f"host.docker.internal:host-gateway) model {p.served_name}")
+            f"host.docker.internal:host-gateway) model {p.served_name}; the instances do not join "
+            f"{fe['network']} while the front door is on (front_door: false attaches each instance to it instead, "
+            "one endpoint per instance)")
 
 
 def planned_release(host: str, facts: dict, data: dict) -> str | None:
