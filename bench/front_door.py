@@ -102,8 +102,9 @@ def phase(host: str, requests: int = PHASE_REQUESTS) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def during_rollout(host: str, rollout_args: list[str], env: dict | None = None) -> tuple[dict, int, str, float]:
-    """The during phase: load from before the rollout starts until it ends."""
+def during_rollout(host: str, rollout_args: list[str], env: dict | None = None,
+                   command: str = "rollout") -> tuple[dict, int, str, float]:
+    """The during phase: load from before the rollout (or `command`: rollback) starts until it ends."""
     from nemofleet import testbed
 
     c, stop = testbed.container(host), "/tmp/nf_front_door_stop"
@@ -112,7 +113,7 @@ def during_rollout(host: str, rollout_args: list[str], env: dict | None = None) 
     time.sleep(2)  # the load is flowing before the first restart
     nemofleet = str(Path(sys.executable).with_name("nemofleet"))
     t0 = time.monotonic()
-    r = subprocess.run([nemofleet, "rollout", "inventories/testbed.py", "--limit", host, *rollout_args],
+    r = subprocess.run([nemofleet, command, "inventories/testbed.py", "--limit", host, *rollout_args],
                        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=1500,
                        stdin=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
     took = time.monotonic() - t0

@@ -113,6 +113,22 @@ def test_rollout_of_a_serving_flag_under_load_fails_no_request(served):
     assert pyinfra(hosts=[HOST]).changed() == []
 
 
+def test_rollback_under_load_goes_through_the_front_door_and_fails_no_request(served):
+    """The rollout test above left the seed-7 release kept: rolling back to it restarts the
+    instances one at a time through the front door, as the deploy does."""
+    pid, before = proxy_pid(), started()
+    during, rc, out, took = bench.during_rollout(HOST, ["--wait", "120"], env={"NEMOFLEET_TESTBED_HOSTS": HOST},
+                                                 command="rollback")
+    assert rc == 0, out[-3000:]
+    assert during["requests"] > 20 and during["failed"] == 0, during
+    assert all(before[n] != started()[n] for n in before)
+    assert '"--seed","7"' in on(HOST, "docker inspect -f '{{json .Args}}' nemotron-5").stdout
+    assert proxy_pid() == pid
+    back = pyinfra(hosts=[HOST])
+    assert back.rc == 0, back.out[-3000:]
+    assert pyinfra(hosts=[HOST]).changed() == []
+
+
 def test_a_config_change_reloads_the_proxy_without_a_restart(served):
     pid = proxy_pid()
     r = pyinfra(hosts=[HOST], data={"front_door_timeout": 7200})

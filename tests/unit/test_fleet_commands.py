@@ -239,3 +239,11 @@ def test_rollback_refuses_a_kept_release_other_than_expected(sandbox):
 def test_rollback_without_a_kept_release_says_so(sandbox):
     out = sandbox(commands.rollback(), check_rc=1)
     assert "no previous release kept on this host" in out["_stderr"]
+
+
+def test_rollback_goes_through_the_front_door_one_instance_at_a_time_when_there_is_one():
+    script = commands.rollback(expect="aaaaaaaaaaaa", ready_timeout=45)
+    assert f"[ -x {paths.DRAIN_SCRIPT} ] && systemctl is-active -q haproxy" in script
+    assert (f"READY_TIMEOUT=45 timeout 165 flock -w 60 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart \"$i\" "
+            "|| echo \"instance $i: not ready through the front door yet\"") in script
+    assert "else timeout 60 systemctl restart --no-block $n; fi" in script  # no front door: all at once

@@ -113,7 +113,7 @@ class FakeHost:
         monkeypatch.setattr(rollout, "read_state", lambda inv, h: self.states.pop(0) if len(self.states) > 1 else self.states[0])
         monkeypatch.setattr(driver, "run", self.run)
         monkeypatch.setattr(rollout, "gate", lambda *a, **k: (self.healthy.pop(0) if self.healthy else True, "gate"))
-        monkeypatch.setattr(rollout, "rollback_host", lambda inv, h, expect=None: self.calls.append(("rollback", expect)) or (True, "rolled back"))
+        monkeypatch.setattr(rollout, "rollback_host", lambda inv, h, expect=None, window=60: self.calls.append(("rollback", expect)) or (True, "rolled back"))
         monkeypatch.setattr(rollout, "audit", lambda inv, h, event, detail: self.calls.append(("audit", event, detail)))
         self.deploy_rc, self.timed_out = deploy_rc, timed_out
 

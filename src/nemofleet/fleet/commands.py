@@ -125,10 +125,14 @@ def keep_previous() -> str:
             f"cp {paths.RELEASE} $d.new/release; rm -rf $d; mv $d.new $d")
 
 
-def rollback(expect: str | None = None) -> str:
+def rollback(expect: str | None = None, ready_timeout: int = 60) -> str:
     """Put the kept release back: its units replace the current ones (units it does not have are
     stopped and removed), its record becomes the release. With `expect`, refuse unless the kept
-    release is that id: a rollout rolls a host back only to the release it replaced on it."""
+    release is that id: a rollout rolls a host back only to the release it replaced on it.
+    On a host with a front door the instances restart one at a time through it (drained, restarted,
+    ready within `ready_timeout`, back in), so the host keeps serving; one that is not ready in time
+    is left to the front door's health checks (and the health cron puts it back), never blocking the
+    others. Without a front door they restart at once."""
     p, unit_dir = paths.PREVIOUS, paths.UNIT_DIR
     guard = (f"k=$(sed -n 's/^id=//p' $p/release)\n"
              f"[ \"$k\" = {shlex.quote(expect)} ] || {{ echo \"the kept release is $k, not {expect}: not rolling back\" >&2; exit 1; }}\n"
@@ -146,8 +150,13 @@ def rollback(expect: str | None = None) -> str:
         f"cp {paths.RELEASE} {paths.RELEASE}.rolled-back 2>/dev/null || true\n"
         f"cp $p/release {paths.RELEASE}\n"
         "timeout 120 systemctl daemon-reload\n"
-        f"for u in $p/{paths.UNIT_PREFIX}*.service; do n=$(basename $u); "
-        "timeout 60 systemctl enable -q $n; timeout 60 systemctl restart --no-block $n; done\n"
+        f"for u in $p/{paths.UNIT_PREFIX}*.service; do n=$(basename $u); i=${{n#{paths.UNIT_PREFIX}}}; i=${{i%.service}}\n"
+        "  timeout 60 systemctl enable -q $n\n"
+        f"  if [ -x {paths.DRAIN_SCRIPT} ] && systemctl is-active -q haproxy && {paths.DRAIN_SCRIPT} state \"$i\" >/dev/null 2>&1; then\n"
+        f"    READY_TIMEOUT={int(ready_timeout)} timeout {int(ready_timeout) + 120} flock -w 60 {paths.HEALTH_LOCK} "
+        f"{paths.DRAIN_SCRIPT} restart \"$i\" || echo \"instance $i: not ready through the front door yet\"\n"
+        "  else timeout 60 systemctl restart --no-block $n; fi\n"
+        "done\n"
         f"echo \"rolled back to $(sed -n 's/^id=//p' {paths.RELEASE})\"\n")
 
 

@@ -96,8 +96,10 @@ def gate(inventory: str, host: str, window: float, poll: float = 5.0, log=print)
         time.sleep(poll)
 
 
-def rollback_host(inventory: str, host: str, expect: str | None = None) -> tuple[bool, str]:
-    e = driver.on_host(inventory, host, commands.rollback(expect), timeout=600)
+def rollback_host(inventory: str, host: str, expect: str | None = None, window: float = 60) -> tuple[bool, str]:
+    # each instance through the front door within min(window, 60) s: 8 instances fit the 900 s bound
+    ready = int(max(10, min(window, 60)))
+    e = driver.on_host(inventory, host, commands.rollback(expect, ready), timeout=900)
     return e.rc == 0, (e.lines() or [""])[-1]
 
 
@@ -151,7 +153,7 @@ def _recover(inventory: str, res: HostResult, before: HostState, window: float, 
     if not before.release:
         res.detail += "; no earlier release to roll back to"
         return
-    ok, text = rollback_host(inventory, res.host, expect=before.release)
+    ok, text = rollback_host(inventory, res.host, expect=before.release, window=window)
     back, _ = gate(inventory, res.host, window, log=log) if ok else (False, "")
     res.result = "rolled back" if ok and back else "failed, rollback failed"
     res.detail += f"; {text}"
@@ -231,7 +233,7 @@ def rollback(inventory: str, limit: list[str] | None = None, window: float = 120
         for h in hosts:
             t0 = time.time()
             res = HostResult(h, old=(read_state(inventory, h) or HostState(None, None)).release)
-            ok, text = rollback_host(inventory, h)
+            ok, text = rollback_host(inventory, h, window=window)
             good, detail = gate(inventory, h, window, log=log) if ok else (False, text)
             res.new = (read_state(inventory, h) or HostState(None, None)).release
             res.result, res.detail, res.seconds = ("ok" if good else "failed"), detail, time.time() - t0
