@@ -19,8 +19,7 @@ from pyinfra.api import deploy
 from . import paths, render
 from . import settings as settings_mod
 from .desired import Desired, _secrets_ok
-
-GROUP = "gateway"
+from .fleet.driver import GATEWAY_GROUP as GROUP  # one name for the group; rollouts and status skip it
 
 
 def binds(s: settings_mod.Settings) -> list[str]:

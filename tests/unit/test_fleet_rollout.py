@@ -161,7 +161,7 @@ def test_timed_out_deploy_rolls_back_and_audits(monkeypatch):
 
 
 def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatch):
-    monkeypatch.setattr(driver, "hosts", lambda inv, limit=None: ["a", "b", "c"])
+    monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: ["a", "b", "c"])
     monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
                         {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
                                  if "REFRESHED" in script else "state=RELEASED") for h in hosts})
@@ -244,3 +244,11 @@ def test_matching_expected_fingerprint_is_recorded(tmp_path, monkeypatch):
                           "SHA256:new", True, False)
     assert "matches the expected fingerprint" in rebuild.trust_host_key(key, "h", True, "SHA256:new", False)
     assert (tmp_path / "kh").read_text() == "[127.0.0.1]:2222 ssh-ed25519 AAAA\n"
+
+
+def test_gateway_hosts_are_not_rolled_out_and_selecting_only_them_is_refused(monkeypatch):
+    monkeypatch.setattr(driver, "host_groups", lambda inv, limit=None: {"gw": ["gateway"], "a": ["gpu_h100"]}
+                        if not limit else {"gw": ["gateway"]})
+    assert driver.serving_hosts("inv") == ["a"]
+    with pytest.raises(driver.FleetError, match="all in the gateway group: they serve no model"):
+        driver.serving_hosts("inv", ["gw"])

@@ -191,6 +191,19 @@ def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, lis
     return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
 
 
+GATEWAY_GROUP = "gateway"  # fleet gateways (deploys/gateway.py) serve no model: rollouts and status skip them
+
+
+def serving_hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
+    """The selected hosts that serve a model (gateway hosts left out); none is an error."""
+    groups = host_groups(inventory, limit)
+    out = [h for h, g in groups.items() if GATEWAY_GROUP not in g]
+    if not out:
+        raise FleetError(f"the hosts selected in {inventory} are all in the {GATEWAY_GROUP} group: they serve no "
+                         "model (deploy them with deploys/gateway.py)")
+    return out
+
+
 def hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
     return list(host_data(inventory, limit))
 

@@ -192,7 +192,7 @@ def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, 
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print) -> Outcome:
-    hosts = driver.hosts(inventory, limit)
+    hosts = driver.serving_hosts(inventory, limit)
     check_options(len(hosts), batch, canary, max_failures)
     plan = batches(hosts, batch, canary)
     outcome = Outcome([HostResult(h) for h in hosts])
@@ -227,7 +227,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
 def rollback(inventory: str, limit: list[str] | None = None, window: float = 1200, ttl: int = lock.DEFAULT_TTL,
              log=print) -> Outcome:
     """Return hosts, one at a time, to the release kept before their current one."""
-    hosts = driver.hosts(inventory, limit)
+    hosts = driver.serving_hosts(inventory, limit)
     outcome = Outcome()
     with lock.with_lock(inventory, hosts, f"rollback by {driver.operator()}", ttl, log=log):
         for h in hosts:

@@ -84,7 +84,8 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
 def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
     from ..desired import planned_release
 
-    datas = driver.host_data(inventory, limit)
+    serving = driver.serving_hosts(inventory, limit)
+    datas = {h: d for h, d in driver.host_data(inventory, limit).items() if h in serving}
     facts = driver.gather_facts(inventory, limit)
     scripts: dict[str, list[str]] = {}
     result = {h: HostStatus(h) for h in datas}
