@@ -13,7 +13,7 @@ import time
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
-from pyinfra.operations import apt, python, server, systemd
+from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, paths
 from . import settings as settings_mod
@@ -21,7 +21,7 @@ from .desired import SECRET_KEYS, Desired, build, to_resolve
 from .facts.host import HostFacts
 from .facts import prefetch
 from .facts.weights import HubCommit
-from .operations import daemon_json, docker, files, frontdoor, gpu_access, preflight, units, weights
+from .operations import daemon_json, docker, files, frontdoor, gpu_access, packages, preflight, units, weights
 
 
 def data() -> dict:
@@ -165,7 +165,7 @@ def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | Non
     """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
     (never restarted) only when its config or keys changed. The same steps set up a host's front
     door and the fleet gateway (nemofleet.gateway, label "Gateway")."""
-    apt.packages(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
+    packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
     door_changed: set = set()
     if want.front_door_files:
         files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files,
@@ -178,8 +178,7 @@ def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | Non
     if paths.FRONT_DOOR_DROPIN in want.front_door_files:
         units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
                             _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
-    started = systemd.service(name=f"{label}: HAProxy enabled and running", service="haproxy", running=True,
-                              enabled=True)
+    started = units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
     server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
                  commands=["systemctl reload haproxy"],
                  _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN, paths.DRAIN_SCRIPT}))
@@ -212,6 +211,7 @@ def fact_reads(want: Desired) -> list[tuple]:
     """The facts the stages below read, with the arguments they read them with: read ahead in
     one remote command (facts/prefetch.py). Anything missing here is read by its operation."""
     from .facts.docker import ContainerNetworks, DaemonJson, ImageInfo, Networks
+    from .facts.packages import AptPackages
     from .facts.units import UnitStates
     from .facts.weights import WeightsStatus
 
@@ -223,7 +223,8 @@ def fact_reads(want: Desired) -> list[tuple]:
                                              (want.health_files, None)) if f]
     if want.front_door:  # the front door's files and the units it writes one at a time
         reads += [files.reads(f) for f in (want.front_door_files, want.front_door_secrets)]
-        reads += [frontdoor.reads(paths.FRONT_DOOR_CFG)]
+        reads += [frontdoor.reads(paths.FRONT_DOOR_CFG), (AptPackages, {"names": ("haproxy",)}),
+                  (UnitStates, {"units": ("haproxy.service",)})]
         reads += [files.reads({path: want.units[path]}) for path, _, _ in want.drain_restarts]
     reads += [(WeightsStatus, {"directory": d.directory, "revision": d.revision, "full": d.full_verify})
               for d in want.downloads]

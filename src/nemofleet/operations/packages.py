@@ -17,6 +17,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from ..facts.packages import AptPackages
+from ..facts.prefetch import fact
 from . import atomic_put
 from .files import FilesDigest
 
@@ -108,6 +109,26 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
     yield StringCommand("apt-mark", "hold", *packages, ">/dev/null")
+
+
+@operation(is_idempotent=True)
+def installed(packages: list[str]):
+    """The distribution's packages installed (any version; e.g. haproxy for the front door). One
+    fact, read ahead with the rest; when one is missing: apt-get update then install, both bounded."""
+    have = fact(AptPackages, names=tuple(packages))
+    missing = [p for p in packages if not (have.get(p) or {}).get("version")]
+    if not missing:
+        host.noop(f"{', '.join(packages)} installed")
+        return
+    names = " ".join(shlex.quote(p) for p in missing)
+    yield StringCommand("sh", "-c", shlex.quote(
+        "export DEBIAN_FRONTEND=noninteractive; "
+        f"out=$(timeout {APT_UPDATE_TIMEOUT} apt-get update -q -o Acquire::http::Timeout=30 -o Acquire::Retries=2 2>&1) "
+        f"|| {{ printf '%s\\n' \"$out\" | tail -5 >&2; echo 'apt-get update failed (or took over {APT_UPDATE_TIMEOUT} s); "
+        f"{names} not installed' >&2; exit 1; }}; "
+        f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 "
+        f"{names} 2>&1) || {{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
+        f"echo 'apt could not install {names}' >&2; exit 1; }}"))
 
 
 def check_pin(setting: str, value) -> str | None:

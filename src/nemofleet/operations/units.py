@@ -46,3 +46,17 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
 def daemon_reload():
     """`systemctl daemon-reload`: always a change, so gate it with _if= on what changed."""
     yield "systemctl daemon-reload"
+
+
+@operation(is_idempotent=True)
+def enabled_and_active(unit: str):
+    """One system unit (e.g. haproxy.service) enabled and running; a change only when it was not.
+    Its fact is the same UnitStates the vLLM units use, read ahead with the rest."""
+    s = fact(UnitStates, units=(unit,))["units"].get(unit, {"enabled": False, "active": False})
+    if s["enabled"] and s["active"]:
+        host.noop(f"{unit} enabled and active")
+        return
+    if not s["enabled"]:
+        yield StringCommand("timeout", "60", "systemctl", "enable", unit)
+    if not s["active"]:
+        yield StringCommand("timeout", "120", "systemctl", "start", unit)
