@@ -104,3 +104,18 @@ def optional_host(name: str):
         yield name
         testbed.remove(name)
     return host_up
+
+
+def served_alone(host: str):
+    """A module fixture's body for a module that needs one converged host: brings up only that host
+    when the module runs on its own (and takes the testbed down after, unless kept); in a full run
+    the session's testbed already has it. Yields the host name."""
+    if not docker_available():
+        pytest.fail("the end-to-end tests need a running Docker engine and debootstrap (run .ci/run as root)")
+    was_up = bool(testbed.read_state().get("hosts"))
+    testbed.up(only=[host])
+    r = pyinfra(hosts=[host])
+    assert r.rc == 0, r.out[-6000:]
+    yield host
+    if not was_up and os.environ.get("NEMOFLEET_KEEP_TESTBED") != "1":
+        testbed.down()

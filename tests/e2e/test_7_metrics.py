@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, docker_available, on, pyinfra
+from conftest import ROOT, on, served_alone
 
 pytestmark = pytest.mark.e2e
 HOST = os.environ.get("NEMOFLEET_METRICS_HOST", "h200-1")
@@ -25,17 +25,7 @@ LOAD = re.compile(r'^nemofleet_vllm_(num_requests_running|num_requests_waiting|k
 
 @pytest.fixture(scope="module")
 def served():
-    from nemofleet import testbed
-
-    if not docker_available():
-        pytest.fail("the end-to-end tests need a running Docker engine and debootstrap (run .ci/run as root)")
-    was_up = bool(testbed.read_state().get("hosts"))
-    testbed.up(only=[HOST])
-    r = pyinfra(hosts=[HOST])
-    assert r.rc == 0, r.out[-6000:]
-    yield HOST
-    if not was_up and os.environ.get("NEMOFLEET_KEEP_TESTBED") != "1":
-        testbed.down()
+    yield from served_alone(HOST)
 
 
 def load(text: str) -> dict[tuple[str, str], str]:
