@@ -2,6 +2,7 @@
 (as Ubuntu 22.04+ installs it) and has no CDI (Docker 20.10): the simulated toolkit hook and a
 systemd generator drop legacy GPU grants of systemd-managed containers at every daemon-reload."""
 import json
+import time
 
 import pytest
 
@@ -13,7 +14,14 @@ SENTENCE = "the GPU probe failed: a running container lost its GPU after systemc
 
 
 def gpus_in(container: str) -> str:
-    return on(HOST, f"docker exec {container} nvidia-smi -L", check=False).stdout.strip()
+    """What nvidia-smi -L prints inside the container. A docker exec that fails itself (the container
+    between restarts) is retried for a few seconds; its error is kept so an assertion shows it."""
+    for _ in range(10):
+        r = on(HOST, f"docker exec {container} nvidia-smi -L", check=False)
+        if r.stdout.strip():
+            return r.stdout.strip()
+        time.sleep(1)
+    return f"(docker exec printed nothing: {r.stderr.strip()})"
 
 
 def wait_running(container: str) -> None:
