@@ -23,6 +23,18 @@ from .files import FilesDigest
 
 APT_UPDATE_TIMEOUT = 300  # seconds for one repository's lists
 APT_INSTALL_TIMEOUT = 1800  # seconds for an install (a driver's DKMS build takes minutes)
+# bounded: a dead mirror times out per request and in all
+APT_UPDATE = f"timeout {APT_UPDATE_TIMEOUT} apt-get update -q -o Acquire::http::Timeout=30 -o Acquire::Retries=2"
+
+
+def apt_script(update: str, install_opts: str, names: str, update_failed: str, install_failed: str) -> str:
+    """`update`, then `apt-get install` of `names`, each bounded; a failure prints apt's last lines
+    (or its E: lines) and one sentence, and exits 1. A dpkg lock held by unattended-upgrades is
+    waited for when `install_opts` has DPkg::Lock::Timeout (apt >= 1.9.11)."""
+    return ("export DEBIAN_FRONTEND=noninteractive; "
+            f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; echo '{update_failed}' >&2; exit 1; }}; "
+            f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q {install_opts} {names} 2>&1) || "
+            f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; echo '{install_failed}' >&2; exit 1; }}")
 
 
 def dearmor(key: bytes) -> bytes:
@@ -86,26 +98,18 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         if changed is not None:
             changed.add(label)
         q = shlex.quote
-        # bounded: a dead mirror times out per request and in all; a dpkg lock held by
-        # unattended-upgrades is waited for, not failed on (DPkg::Lock::Timeout, apt >= 1.9.11)
-        update = f"timeout {APT_UPDATE_TIMEOUT} apt-get update -q -o Acquire::http::Timeout=30 -o Acquire::Retries=2"
+        update = APT_UPDATE
         if source:  # only this repository: no other source is contacted, and it is fast
             update += (f" -o Dir::Etc::sourcelist={q(source['list'])} -o Dir::Etc::sourceparts=-"
                        " -o APT::Get::List-Cleanup=0")
         exact = not any(c in version for c in "*?[")
         names = " ".join(q(f"{p}={version}" if exact else p) for p in packages)
         where = source["line"].split("]")[-1].strip() if source else "the host's apt sources"
-        yield StringCommand("sh", "-c", q(
-            "export DEBIAN_FRONTEND=noninteractive; "
-            f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; "
-            f"echo 'apt-get update failed for {label} ({where}, or took over {APT_UPDATE_TIMEOUT} s); nothing was "
-            "installed' >&2; exit 1; }; "
-            f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q --allow-downgrades --allow-change-held-packages "
-            "-o DPkg::Lock::Timeout=120 -o Acquire::http::Timeout=30 "
-            f"-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold {names} 2>&1) || "
-            f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
-            f"echo 'apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)' >&2; "
-            "exit 1; }"))
+        yield StringCommand("sh", "-c", q(apt_script(
+            update, "--allow-downgrades --allow-change-held-packages -o DPkg::Lock::Timeout=120 "
+            "-o Acquire::http::Timeout=30 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold",
+            names, f"apt-get update failed for {label} ({where}, or took over {APT_UPDATE_TIMEOUT} s); nothing was installed",
+            f"apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)")))
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
     yield StringCommand("apt-mark", "hold", *packages, ">/dev/null")
@@ -121,14 +125,10 @@ def installed(packages: list[str]):
         host.noop(f"{', '.join(packages)} installed")
         return
     names = " ".join(shlex.quote(p) for p in missing)
-    yield StringCommand("sh", "-c", shlex.quote(
-        "export DEBIAN_FRONTEND=noninteractive; "
-        f"out=$(timeout {APT_UPDATE_TIMEOUT} apt-get update -q -o Acquire::http::Timeout=30 -o Acquire::Retries=2 2>&1) "
-        f"|| {{ printf '%s\\n' \"$out\" | tail -5 >&2; echo 'apt-get update failed (or took over {APT_UPDATE_TIMEOUT} s); "
-        f"{names} not installed' >&2; exit 1; }}; "
-        f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=120 "
-        f"{names} 2>&1) || {{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
-        f"echo 'apt could not install {names}' >&2; exit 1; }}"))
+    yield StringCommand("sh", "-c", shlex.quote(apt_script(
+        APT_UPDATE, "--no-install-recommends -o DPkg::Lock::Timeout=120", names,
+        f"apt-get update failed (or took over {APT_UPDATE_TIMEOUT} s); {names} not installed",
+        f"apt could not install {names}")))
 
 
 def check_pin(setting: str, value) -> str | None:
