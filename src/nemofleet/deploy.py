@@ -8,7 +8,6 @@ operations, and every operation yields nothing when the host already matches.
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from pyinfra import host, logger
@@ -97,7 +96,7 @@ def configure_host(want: Desired) -> set:
     if want.authorized_key:
         files.authorized_key(name="Fleet seed key may read weights from this host (read-only rsync)",
                              path=paths.ROOT_AUTHORIZED_KEYS, line=want.authorized_key,
-                             key=re.search(r"(ssh-|ecdsa-|sk-)\S+ \S+.*$", want.authorized_key).group(0))
+                             key=want.seed_public_key)
     if want.absent:
         files.absent(name="No stale HF token", paths=want.absent)
     if want.cdi_command:

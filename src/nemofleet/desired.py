@@ -62,6 +62,7 @@ class Desired:
     secret_dirs: dict = field(default_factory=dict)
     absent: list[str] = field(default_factory=list)  # files that must not exist (a stale HF token)
     authorized_key: str | None = None  # the fleet seed key, restricted (see seed_authorized_key)
+    seed_public_key: str | None = None  # that key alone: the line of authorized_keys that is ours
     cdi_command: str | None = None  # how this host gets a CDI spec, when it has none
     # weights
     image: str = ""
@@ -400,7 +401,8 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.secret_files, d.absent = secret_files(s, secrets)
     d.secret_dirs = {paths.ETC: "0700"}
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
-        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"].strip(), s["models_root"])
+        d.seed_public_key = secrets["weights_seed_public_key"].strip()
+        d.authorized_key = seed_authorized_key(d.seed_public_key, s["models_root"])
     d.cdi_command = cdi_command(p, facts)
     d.image = p.image
     d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)

@@ -144,6 +144,7 @@ def test_seed_key_is_restricted_to_a_read_only_rsync():
     d = desired.build("h", {}, facts(), dict(SECRETS, weights_seed_key="-----BEGIN OPENSSH X-----\nabc\n-----END",
                                               weights_seed_public_key="ssh-ed25519 AAAAC3 fleet"))
     assert d.authorized_key == 'restrict,command="/usr/bin/rrsync -ro /srv/nemofleet/models" ssh-ed25519 AAAAC3 fleet'
+    assert d.seed_public_key == "ssh-ed25519 AAAAC3 fleet"  # the applier finds our line by this key
 
 
 def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():

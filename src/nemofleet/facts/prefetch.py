@@ -3,7 +3,7 @@
 pyinfra 3 keeps no fact cache: each `host.get_fact()` is one round trip, and each operation
 reads its own fact, so a no-op run cost one SSH command per operation (13 per host). The
 deploy knows, once the desired state is decided, exactly which facts its operations will ask
-for (each operation module says so next to the operation: `files.digest_args()`, ...). It reads
+for (`deploy.fact_reads()`, with `files.reads()` and the like next to the operations). It reads
 them all with one `Batch` fact, and the operations take their facts through `fact()`, which
 answers from that read and falls back to `host.get_fact()` for anything not read (so an
 operation is always right, only slower, if the list misses something).
@@ -65,12 +65,10 @@ class Batch(FactBase):
         return {i: lines for i, lines in sections.items() if i in ok}
 
 
-def load(wanted: list[tuple[type[FactBase], dict]], seeded: dict[str, object] | None = None) -> int:
-    """Read `wanted` facts of the current host in one command (plus values already read, e.g.
-    HostFacts parts, in `seeded`); returns how many parts were read."""
+def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
+    """Read `wanted` facts of the current host in one command; returns how many parts were read."""
     cache = _CACHE.setdefault(current_host.name, {})
     cache.clear()
-    cache.update(seeded or {})
     todo, seen = [], set()
     for cls, kwargs in wanted:
         k = key(cls, kwargs)
