@@ -209,12 +209,10 @@ def nemotron() -> None:
 def fact_reads(want: Desired) -> list[tuple]:
     """The facts the stages below read, with the arguments they read them with: read ahead in
     one remote command (facts/prefetch.py). Anything missing here is read by its operation."""
-    from .facts.docker import ContainerNetworks, DaemonJson, ImageInfo, Networks
+    from .facts.docker import DaemonJson
     from .facts.packages import AptPackages
-    from .facts.units import UnitStates
-    from .facts.weights import WeightsStatus
 
-    reads = [(DaemonJson, {"path": daemon_json.DAEMON_JSON}), (ImageInfo, {"ref": want.image})]
+    reads = [(DaemonJson, {"path": daemon_json.DAEMON_JSON}), docker.image_reads(want.image)]
     if want.authorized_key:
         reads.append(files.key_reads(paths.ROOT_AUTHORIZED_KEYS))
     reads += [files.reads(f, d) for f, d in ((want.host_files, None), (want.secret_files, want.secret_dirs),
@@ -223,15 +221,14 @@ def fact_reads(want: Desired) -> list[tuple]:
     if want.front_door:  # the front door's files and the units it writes one at a time
         reads += [files.reads(f) for f in (want.front_door_files, want.front_door_secrets)]
         reads += [frontdoor.reads(paths.FRONT_DOOR_CFG), (AptPackages, {"names": ("haproxy",)}),
-                  (UnitStates, {"units": ("haproxy.service",)})]
+                  units.running_reads(["haproxy.service"])]
         reads += [files.reads({path: want.units[path]}) for path, _, _ in want.drain_restarts]
-    reads += [(WeightsStatus, {"directory": d.directory, "revision": d.revision, "full": d.full_verify})
-              for d in want.downloads]
+    reads += [weights.model_reads(d.directory, d.revision, d.full_verify) for d in want.downloads]
     if want.networks:
-        reads.append((Networks, {"names": tuple(sorted(want.networks))}))
-    reads.append((UnitStates, {"units": tuple(want.unit_names)}))
+        reads.append(docker.networks_reads(want.networks))
+    reads.append(units.running_reads(want.unit_names))
     if want.attached:
-        reads.append((ContainerNetworks, {"names": tuple(sorted(want.attached))}))
+        reads.append(docker.attached_reads(want.attached))
     return reads
 
 

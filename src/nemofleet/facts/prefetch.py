@@ -92,8 +92,10 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
     return len(todo)
 
 
-def fact(cls: type[FactBase], **kwargs):
-    """The fact as read by load() for this host, or read now."""
+def fact(cls: type[FactBase], args: dict | None = None, **kwargs):
+    """The fact as read by load() for this host, or read now. Its arguments as keywords, or as the
+    dict an operation module's `*_reads()` gives with the class (`fact(*units.running_reads(u))`)."""
+    kwargs = {**(args or {}), **kwargs}
     cache = _CACHE.get(current_host.name) or {}
     k = key(cls, kwargs)
     if k in cache:

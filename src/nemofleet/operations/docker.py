@@ -19,11 +19,24 @@ PULL_TIMEOUT = 3600
 LOAD_TIMEOUT = 1800  # `docker load` of a local archive: disk speed only
 
 
+def image_reads(ref: str) -> tuple:
+    """The facts image(), networks() and attached() read (deploy.py reads them ahead)."""
+    return ImageInfo, {"ref": ref}
+
+
+def networks_reads(wanted) -> tuple:
+    return Networks, {"names": tuple(sorted(wanted))}
+
+
+def attached_reads(containers) -> tuple:
+    return ContainerNetworks, {"names": tuple(sorted(containers))}
+
+
 @operation(is_idempotent=True)
 def image(ref: str, archive: str | None = None):
     """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or `docker pull`
     (through the registry mirror). A present image is never pulled again."""
-    if fact(ImageInfo, ref=ref) is not None:
+    if fact(*image_reads(ref)) is not None:
         host.noop(f"image {ref} is present")
         return
     q = shlex.quote
@@ -51,7 +64,7 @@ def image(ref: str, archive: str | None = None):
 @operation(is_idempotent=True)
 def networks(wanted: dict[str, bool]):
     """Each frontend network must exist: created when `create` is true, else a clear error."""
-    have = fact(Networks, names=tuple(sorted(wanted)))
+    have = fact(*networks_reads(wanted))
     missing = [n for n in sorted(wanted) if not have.get(n)]
     if not missing:
         host.noop("frontend networks exist")
@@ -68,7 +81,7 @@ def networks(wanted: dict[str, bool]):
 def attached(containers: dict[str, dict[str, str]]):
     """Running containers are on their frontend networks with their aliases (repairs drift;
     the unit declares the networks so restarts keep them). {container: {network: alias}}"""
-    state = fact(ContainerNetworks, names=tuple(sorted(containers)))
+    state = fact(*attached_reads(containers))
     fixes = []
     for name, nets in sorted(containers.items()):
         info = state.get(name)

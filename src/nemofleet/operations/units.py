@@ -11,6 +11,11 @@ from ..facts.prefetch import fact
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 
 
+def running_reads(units) -> tuple:
+    """The fact running() and enabled_and_active() read (deploy.py reads it ahead)."""
+    return UnitStates, {"units": tuple(units)}
+
+
 @operation(is_idempotent=True)
 def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
             deferred: set | None = None):
@@ -18,7 +23,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
     nemofleet units no longer in the plan are stopped, disabled and removed. With `deferred` (a
     front door), a running unit whose file changed is not restarted here but added to the set:
     the deploy restarts it through the front door's drain, one at a time."""
-    st = fact(UnitStates, units=tuple(units))
+    st = fact(*running_reads(units))
     stale = sorted(set(st["files"]) - set(units))
     cmds = []
     if stale:
@@ -52,7 +57,7 @@ def daemon_reload():
 def enabled_and_active(unit: str):
     """One system unit (e.g. haproxy.service) enabled and running; a change only when it was not.
     Its fact is the same UnitStates the vLLM units use, read ahead with the rest."""
-    s = fact(UnitStates, units=(unit,))["units"].get(unit, {"enabled": False, "active": False})
+    s = fact(*running_reads([unit]))["units"].get(unit, {"enabled": False, "active": False})
     if s["enabled"] and s["active"]:
         host.noop(f"{unit} enabled and active")
         return

@@ -135,6 +135,11 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
     return "\n".join(lines)
 
 
+def model_reads(directory: str, revision: str, full_verify: bool) -> tuple:
+    """The fact model() reads (deploy.py reads it ahead)."""
+    return WeightsStatus, {"directory": directory, "revision": revision, "full": full_verify}
+
+
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
           token_file: str | None = None, full_verify: bool = False, seed: dict | None = None,
@@ -146,7 +151,7 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
     they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`:
     (directory, commit) of a complete copy of the same repo whose files are hard-linked in first,
     so `hf download` fetches only what changed between the two commits (nothing for the same one)."""
-    status = fact(WeightsStatus, directory=directory, revision=revision, full=full_verify)
+    status = fact(*model_reads(directory, revision, full_verify))
     if status and status["complete"] and status["marker"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
         return
