@@ -197,3 +197,64 @@ def test_a_converged_host_is_checked_in_two_remote_commands(converged):
     for h in ("a100-1", "h200-1"):
         sent = [ln for ln in r.out.splitlines() if ln.startswith(f"[{h}] >>> ")]
         assert len(sent) <= 2, "\n".join(s[:160] for s in sent)
+
+
+DRIFT_HOST = "h200-1"
+DRIFT_UNIT = "/etc/systemd/system/nemofleet-vllm-nemotron-0.service"
+DRIFT_FILES = ["/usr/local/bin/nemofleet-health", "/etc/nemofleet/vllm.env", DRIFT_UNIT, "/etc/docker/daemon.json"]
+# what the run after the drift below must change, and nothing else: the three owners of what
+# drifted, plus what they trigger (a rewritten GPU key of daemon.json forces the GPU probe; a
+# rewritten unit file: daemon-reload, that unit's restart, the wait for it to be ready)
+DRIFT_REPAIRS = [
+    "nemofleet host configuration | Docker daemon.json (merged; reload or restart only when needed)",
+    "nemofleet host configuration | Secrets (0600, root only)",
+    "nemofleet serving | GPU access survives systemctl daemon-reload (probe)",
+    "nemofleet serving | vLLM units",
+    "nemofleet serving | Reload systemd for changed units",
+    "nemofleet serving | vLLM instances enabled and running",
+    "nemofleet serving | Wait until the (re)started instances are ready",
+    "nemofleet health | Health check script and cron",
+]
+
+
+def docker_reloads(host: str) -> int:
+    """How many times dockerd on `host` has re-read daemon.json (SIGHUP: `systemctl reload docker`)."""
+    return int(on(host, "journalctl -u docker --no-pager -o cat | grep -c 'Got signal to reload configuration'",
+                  check=False).stdout.strip() or 0)
+
+
+def test_drift_behind_the_tools_back_is_repaired_exactly(converged):
+    """Changed on a converged host by hand: a managed file's content (the health script), a
+    secret's mode (the API key file made world-readable), one vLLM unit file (loaded by
+    daemon-reload, as an admin would) and one key nemofleet owns in daemon.json (the nvidia
+    runtime removed, Docker reloaded). The next run repairs exactly those, and only those
+    operations (and what they trigger) change; the run after that changes nothing."""
+    host = DRIFT_HOST
+
+    def snapshot():
+        return on(host, "stat -c '%a %n' " + " ".join(DRIFT_FILES) + "; sha256sum " + " ".join(DRIFT_FILES)).stdout
+
+    def started():
+        return on(host, "docker inspect -f '{{.State.StartedAt}}' nemotron-0").stdout.strip()
+
+    before, started_before = snapshot(), started()
+    on(host, "python3 -c 'import json; p=\"/etc/docker/daemon.json\"; d=json.load(open(p)); d.pop(\"runtimes\"); "
+             "json.dump(d, open(p, \"w\"), indent=2)' && systemctl reload docker")
+    on(host, "chmod 644 /etc/nemofleet/vllm.env; echo '# local edit' >> /usr/local/bin/nemofleet-health; "
+             f"sed -i 's/^RestartSec=10$/RestartSec=30/' {DRIFT_UNIT} && systemctl daemon-reload")
+    reloads, dockerd = docker_reloads(host), on(host, "systemctl show -p MainPID --value docker").stdout
+    assert on(host, "systemctl show -p RestartUSec --value nemofleet-vllm-nemotron-0").stdout.strip() == "30s"
+    assert snapshot() != before
+
+    repair = pyinfra(hosts=[host])
+    assert repair.rc == 0, repair.out[-4000:]
+    assert sorted(repair.changed()) == sorted(DRIFT_REPAIRS), repair.changed()
+    assert snapshot() == before  # every file back to its bytes and mode, daemon.json's other keys kept
+    assert docker_reloads(host) > reloads  # dockerd re-read daemon.json (SIGHUP: runtimes is a reload key)
+    assert on(host, "systemctl show -p MainPID --value docker").stdout == dockerd  # and was not restarted
+    assert on(host, "systemctl show -p RestartUSec --value nemofleet-vllm-nemotron-0").stdout.strip() == "10s"
+    assert started() != started_before  # the instance whose unit drifted was restarted, and serves
+    assert wait_health(host, 8000) == "200"
+
+    again = pyinfra(hosts=[host])
+    assert again.rc == 0 and again.changed() == [], again.changed()
