@@ -2,7 +2,8 @@
 
 Hosts are reached over real SSH on 127.0.0.1 only, with the key generated for this testbed.
 Deliberately broken hosts join only when NEMOFLEET_TESTBED_BROKEN=1 (the tests do that), the
-gateway host (group gateway, deploys/gateway.py) only when NEMOFLEET_TESTBED_GATEWAY=1.
+gateway host (group gateway, deploys/gateway.py) only when NEMOFLEET_TESTBED_GATEWAY=1, the
+members of a multi-node serving group (mn-1, mn-2) only when named in NEMOFLEET_TESTBED_HOSTS.
 NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
 """
 import os
@@ -24,6 +25,8 @@ for _name, _h in _state["hosts"].items():
         continue
     if _h["group"] == "gateway" and not _gateway and not _only:
         continue
+    if _h.get("serving_group") and not _only:  # a group deploys as one unit, when named
+        continue
     _groups.setdefault(_h["group"] or "gpu_unknown", []).append((_name, {
         "ssh_hostname": "127.0.0.1",
         "ssh_port": _h["port"],
@@ -39,6 +42,14 @@ gpu_h100 = _groups.get("gpu_h100", [])
 gpu_h200 = _groups.get("gpu_h200", [])
 gpu_b200 = _groups.get("gpu_b200", [])
 gateway = _groups.get("gateway", [])  # the fleet gateway (deploys/gateway.py)
+
+# multi-node serving groups of the hosts that are up (the optional mn-1 + mn-2: one model over two
+# hosts), members in name order, the head first
+serving_groups: dict = {}
+for _name, _h in sorted(_state["hosts"].items()):
+    if _h.get("serving_group") and any(_name == n for hs in _groups.values() for n, _ in hs):
+        serving_groups.setdefault(_h["serving_group"], []).append(_name)
+serving_groups = {g: m for g, m in serving_groups.items() if len(m) > 1}
 
 from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
 

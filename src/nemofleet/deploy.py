@@ -23,14 +23,46 @@ from .facts.weights import HubCommit
 from .operations import daemon_json, docker, files, frontdoor, gpu_access, packages, preflight, units, weights
 
 
-def data() -> dict:
-    """host.data as a plain dict (pyinfra's HostData has no items())."""
+def data(of=None) -> dict:
+    """host.data (or another host's) as a plain dict (pyinfra's HostData has no items())."""
     from pyinfra.api.host import extract_callable_datas
 
+    h = of or host
     keys: set = set()
-    for layer in extract_callable_datas(host.data.datas):
+    for layer in extract_callable_datas(h.data.datas):
         keys.update(layer.keys())
-    return {k: host.data.get(k) for k in keys}
+    return {k: h.data.get(k) for k in keys}
+
+
+def _host_facts(h, d: dict) -> dict:
+    return h.get_fact(HostFacts, models_root=d.get("models_root") or settings_mod.BY_NAME["models_root"].default,
+                      image=d.get("vllm_image") or settings_mod.DEFAULT_IMAGE)
+
+
+def group_peers(d: dict) -> tuple[dict | None, dict | None]:
+    """({member: HostFacts}, {member: host data}) of the other members of this host's multi-node
+    serving group, each read over that member's own connection (multinode.py plans the group
+    from every member's facts). A member outside this run is left out: the plan refuses."""
+    members = d.get("serving_group_members")
+    if not d.get("serving_group") or not isinstance(members, list):
+        return None, None
+    state = host.state
+    peers, peer_data = {}, {}
+    for name in members:
+        if name == host.name or not isinstance(name, str):
+            continue
+        other = state.inventory.get_host(name, None)
+        if other is None:
+            peers[name] = {"absent": f"is not a host of this inventory"}
+            continue
+        if not state.is_host_in_limit(other):
+            continue
+        peer_data[name] = data(other)
+        try:
+            peers[name] = _host_facts(other, peer_data[name])
+        except Exception as exc:  # an unreachable member refuses the group, never the run
+            peers[name] = {"unreachable": str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__}
+    return peers, peer_data
 
 
 def read_secrets(d: dict) -> dict:
@@ -56,14 +88,14 @@ def operator() -> str:
 
 def desired() -> Desired:
     d = data()
-    s = {k: d.get(k) for k in ("models_root", "vllm_image")}
-    facts = host.get_fact(HostFacts, models_root=s["models_root"] or settings_mod.BY_NAME["models_root"].default,
-                          image=s["vllm_image"] or settings_mod.DEFAULT_IMAGE)
+    facts = _host_facts(host, d)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
                         for e, r, v in to_resolve(d)}
+    peers, peer_data = group_peers(d)
     return build(host.name, d, facts, read_secrets(d), operator=operator(),
-                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups)
+                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups,
+                 peers=peers, peer_data=peer_data)
 
 
 @deploy("nemofleet preflight")

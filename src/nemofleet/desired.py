@@ -235,13 +235,20 @@ def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> 
             for d in p.downloads]
 
 
-def ready_command(p: Plan, timeout: int) -> str:
+def api_instances(p: Plan) -> list:
+    """The instances that serve an API (all but a serving group's headless workers)."""
+    return [i for i in p.instances if not (i.group and not i.group.head)]
+
+
+def ready_command(p: Plan, timeout: int) -> str | None:
+    if not api_instances(p):
+        return None  # a headless worker: its group is ready when the head is (the rollout gates on it)
     addr = render.probe_address(p)
     return (f"wait_ready() {{ end=$(( $(date +%s) + {timeout} )); "
             f"until [ \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{addr}:$2/health)\" = 200 ]; do "
             f"if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after {timeout}s:\" >&2; "
             "journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; sleep 2; done; }; "
-            + " ".join(f"wait_ready {i.name} {i.host_port};" for i in p.instances))
+            + " ".join(f"wait_ready {i.name} {i.host_port};" for i in api_instances(p)))
 
 
 def keep_previous_command() -> str:
@@ -348,12 +355,40 @@ def group_problems(groups, facts: dict) -> tuple[list[str], list[str]]:
     return refusals, warnings
 
 
+# Keys each member of a serving group may set on its own; every other key must be the same on all
+# members (one model, one image, one set of flags: what the group runs is planned from them).
+GROUP_LOCAL_KEYS = ("serving_group_interface", "expected_host_key", "install_nvidia_driver", "nvidia_driver_branch",
+                    "install_container_toolkit", "weights_seed_from", "vllm_image_archive", "http_proxy",
+                    "https_proxy", "no_proxy")
+
+
+def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:
+    """One sentence per member whose settings differ from this host's on a key the group shares."""
+    out = []
+    for member, data in sorted((peer_data or {}).items()):
+        try:
+            other = settings_mod.parse(data)
+        except settings_mod.SettingsError as exc:
+            out.append(f"serving group member {member} has bad settings ({'; '.join(exc.problems)[:200]})")
+            continue
+        keys = [k.name for k in settings_mod.KEYS if k.name not in GROUP_LOCAL_KEYS and not k.secret
+                and other[k.name] != s[k.name]]
+        if keys:
+            out.append(f"serving_group {s['serving_group']}: {member} differs from this host in {', '.join(keys[:5])}"
+                       f"{' ...' if len(keys) > 5 else ''}; a group runs one model with one set of flags, so set "
+                       "these in the group's group data")
+    return out
+
+
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
-          lock_token: str | None = None, now: float = 0.0, groups=()) -> Desired:
+          lock_token: str | None = None, now: float = 0.0, groups=(), peers: dict | None = None,
+          peer_data: dict | None = None) -> Desired:
     """Everything this run should make true on `host`. Never raises for bad input: a host that
     cannot serve comes back with `refusals` (one sentence each) and nothing else to apply.
     `lock_token`/`now`: the deploy lock this run may hold, and the time (for the lock's expiry);
-    `groups`: the inventory groups the host is in (as pyinfra lists them, repeats included)."""
+    `groups`: the inventory groups the host is in (as pyinfra lists them, repeats included);
+    `peers`/`peer_data`: the HostFacts and host data of the other members of its multi-node
+    serving group (multinode.py), when it is in one."""
     d = Desired(host=host, summary=checks.summary(facts))
     d.refusals, d.warnings = group_problems(groups, facts)
     locked = lock_refusal(facts.get("lock"), lock_token, now)
@@ -365,7 +400,11 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
     if s is None or d.refusals:
         return d
     d.settings = s
-    verdict = checks.check(host, facts, s)
+    if s["serving_group"]:
+        d.refusals += group_differences(s, {m: v for m, v in (peer_data or {}).items() if m != host})
+        if d.refusals:
+            return d
+    verdict = checks.check(host, facts, s, peers=peers)
     d.refusals += verdict.refusals
     d.warnings += verdict.warnings
     d.daemon_json = docker_settings(s, verdict.plan, facts)
@@ -415,7 +454,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.gpu_access_record = facts.get("gpu_access")
     d.networks = {f["network"]: bool(f.get("create")) for f in s["frontends"]}
     # with a front door, frontends reach it and the instances join no frontend network
-    frontends = [] if front_door_wanted(s, p) else s["frontends"]
+    frontends = [] if front_door_wanted(s, p) or p.instances[0].group else s["frontends"]
     docker_major = versions.major(facts["docker"].get("server"))
     d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s["start_timeout"]), "0644")
                for i in p.instances}
@@ -444,7 +483,13 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
 
 
 def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
-    """front_door: true/false, or none: on when the host runs more than one instance."""
+    """front_door: true/false, or none: on when the host runs more than one instance. A serving
+    group's head runs on the host's network, so its frontends reach it through the front door
+    (on when it has frontends); a headless worker has no API to put one in front of."""
+    if not api_instances(p):
+        return False
+    if p.instances[0].group:
+        return s["front_door"] if s["front_door"] is not None else bool(s["frontends"])
     return s["front_door"] if s["front_door"] is not None else len(p.instances) > 1
 
 

@@ -52,7 +52,51 @@ def problem(namespace: dict, argv: list[str], where: str) -> str | None:
     return None
 
 
+def serving_groups(namespace: dict) -> str | None:
+    """Apply the inventory's `serving_groups = {name: [head, worker, ...]}` (multi-node serving
+    groups, nemofleet.multinode) to its hosts' data: each member gets `serving_group` and
+    `serving_group_members` (the rank order). One sentence when the mapping is wrong."""
+    import re
+
+    from .settings import GROUP_NAME
+
+    groups = namespace.get("serving_groups")
+    if groups is None:
+        return None
+    if not isinstance(groups, dict):
+        return "serving_groups must be a mapping {group name: [head host, worker host, ...]}"
+    lists = {name: value for name, value in namespace.items()
+             if not name.startswith("_") and isinstance(value, list) and name in _groups(namespace)}
+    known = {h for hosts in _groups(namespace).values() for h in hosts}
+    owner: dict = {}
+    for gname, members in groups.items():
+        if not isinstance(gname, str) or not re.fullmatch(GROUP_NAME, gname):
+            return f"serving group name {gname!r} must be lower-case letters, digits and '-' (at most 31)"
+        if not isinstance(members, (list, tuple)) or len(members) < 2 or not all(isinstance(m, str) for m in members):
+            return f"serving group {gname} must list at least two host names, the head first"
+        if len(set(members)) != len(members):
+            return f"serving group {gname} lists a host twice"
+        for m in members:
+            if m not in known:
+                return f"serving group {gname} names {m}, which is not a host of this inventory"
+            if m in owner:
+                return f"{m} is in serving groups {owner[m]} and {gname}: a host serves in one group"
+            owner[m] = gname
+    for value in lists.values():
+        for k, entry in enumerate(value):
+            name = entry[0] if isinstance(entry, tuple) else entry
+            if name not in owner:
+                continue
+            data = dict(entry[1]) if isinstance(entry, tuple) and len(entry) > 1 and isinstance(entry[1], dict) else {}
+            data.update(serving_group=owner[name], serving_group_members=list(groups[owner[name]]))
+            value[k] = (name, data)
+    return None
+
+
 def checked(namespace: dict) -> None:
+    why = serving_groups(namespace)
+    if why:
+        raise SystemExit(f"nemofleet: {why}")
     if not _under_pyinfra(sys.argv):
         return
     why = problem(namespace, sys.argv, os.path.relpath(namespace.get("__file__") or "the inventory"))

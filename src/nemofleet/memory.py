@@ -96,17 +96,19 @@ def active_params(model) -> int:
 
 def estimate(model, *, tp: int, gpu_bytes: int, util: float, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, kv_cache_dtype: str | None, mamba_dtype: str | None,
-             draft: bool) -> Memory:
-    """Per-GPU memory of one instance of `model` over `tp` GPUs of `gpu_bytes` each."""
+             draft: bool, pp: int = 1) -> Memory:
+    """Per-GPU memory of one instance of `model` over `tp` GPUs of `gpu_bytes` each, times `pp`
+    pipeline stages (a multi-node group, docs/recipes.md#multi-node: each stage holds its share
+    of the layers, so weights, KV cache and Mamba state divide by the stages too)."""
     kv_shards = max(1, min(tp, model.kv_heads))  # KV heads shard up to their count, then replicate
-    kv = model.kv_bytes_per_token(kv_dtype_bytes(model, kv_cache_dtype)) * max_model_len // kv_shards
+    kv = model.kv_bytes_per_token(kv_dtype_bytes(model, kv_cache_dtype)) * max_model_len // kv_shards // pp
     mamba_per_seq = int(model.mamba_state_bytes_fp32 * _MAMBA_FACTOR.get(mamba_dtype, 1.0))
     act = int(ACT_BYTES_PER_TOKEN_PER_BILLION * max_num_batched_tokens * active_params(model) / 1e9)
     return Memory(
-        weights=model.weight_bytes // tp,
+        weights=model.weight_bytes // (tp * pp),
         kv=kv,
-        mamba=mamba_per_seq * max_num_seqs // tp,  # Mamba heads shard across the TP group
-        reserve=act + RUNTIME_BYTES + (NCCL_BYTES if tp > 1 else 0),
+        mamba=mamba_per_seq * max_num_seqs // (tp * pp),  # Mamba heads shard across the TP group
+        reserve=act + RUNTIME_BYTES + (NCCL_BYTES if tp * pp > 1 else 0),
         draft=(model.draft_bytes // tp) if draft else 0,
         available=int(util * gpu_bytes),
     )

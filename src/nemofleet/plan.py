@@ -34,7 +34,7 @@ CONTAINER_PORT = 8000
 TP_SIZES = (1, 2, 4, 8)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
-__all__ = ["CONTAINER_PORT", "GIB", "Gpu", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
+__all__ = ["CONTAINER_PORT", "GIB", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
            "effective_cgroup_driver", "gpus_from_facts"]
 
 
@@ -67,6 +67,7 @@ class Instance:
     max_num_seqs: int
     arch: str = ""
     gpu_label: str = ""  # "H100 80 GiB"
+    group: "GroupRole | None" = None  # this host's part of a multi-node serving group (multinode.py)
 
     @property
     def unit(self) -> str:
@@ -75,6 +76,33 @@ class Instance:
     @property
     def gpu_uuids(self) -> list[str]:
         return [g.uuid for g in self.gpus]
+
+
+@dataclass(frozen=True)
+class GroupRole:
+    """A host's part in a multi-node serving group: one model over several hosts (multinode.py)."""
+    name: str
+    members: tuple[str, ...]  # rank order, the head first
+    rank: int
+    parallel: str  # pp | tp | dp
+    head_address: str
+    address: str  # this member's address on the group network
+    interface: str
+    port: int  # the head's rendezvous port: --master-port, or --data-parallel-rpc-port with dp
+    join_timeout: int
+
+    @property
+    def head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def role(self) -> str:
+        return "head" if self.head else "worker"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "members": list(self.members), "rank": self.rank, "role": self.role,
+                "parallel": self.parallel, "head_address": self.head_address, "address": self.address,
+                "interface": self.interface, "port": self.port}
 
 
 @dataclass
@@ -122,7 +150,7 @@ class Plan:
                     "max_model_len": i.max_model_len, "max_num_seqs": i.max_num_seqs,
                     "memory_need_bytes": i.memory.need, "memory_available_bytes": i.memory.available,
                     "full_context_seqs": i.memory.full_context_seqs, "memory": i.memory.to_dict(),
-                    "args": i.args,
+                    "args": i.args, **({"group": i.group.to_dict()} if i.group else {}),
                 }
                 for i in self.instances
             ],
@@ -242,14 +270,14 @@ def _supported(v: vllm_flags.VllmVersion, name: str) -> bool:
     return flag is not None and not flag.deprecated
 
 
-def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int) -> Memory:
+def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int, pp: int = 1) -> Memory:
     """Memory of the flags as planned: dtypes are read from the final flags, so an operator's
     extra --mamba-ssm-cache-dtype or a recipe's --kv-cache-dtype is counted as vLLM will use it."""
     d = dict(flags)
     return mem_model.estimate(
         ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s["gpu_memory_utilization"]), max_model_len=ctx.mml,
         max_num_seqs=seqs, max_num_batched_tokens=batched, kv_cache_dtype=d.get("--kv-cache-dtype"),
-        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"))
+        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp)
 
 
 def _validate(ctx: _Ctx, flags) -> None:
@@ -470,9 +498,10 @@ def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
 
 def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
               cdi_available: bool = False, cgroup_version: int | None = None,
-              cgroup_driver: str | None = None, local_meta: dict | None = None) -> Plan:
+              cgroup_driver: str | None = None, local_meta: dict | None = None, peers: dict | None = None) -> Plan:
     """Decide what `host` serves. `data` is its Settings (host data is parsed). Raises
-    PlanError with one sentence on any impossibility."""
+    PlanError with one sentence on any impossibility. `peers`: {member: HostFacts} of the host's
+    multi-node serving group (multinode.py), when its settings name one."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
     s = _parse(data)
@@ -484,6 +513,12 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     if not catalog.is_commit(ctx.model.revision):
         warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
                         "commit so re-runs never ask the Hub")
+    if s["serving_group"]:
+        from . import multinode
+
+        instances, choice, more, group_env = multinode.layout(host, ctx, usable, peers)
+        return _finish(host, s, ctx, gpus, instances, [choice], warnings + more, group_env,
+                       docker_version, cdi_available, cgroup_version, cgroup_driver)
     layouts = []
     for group in gpu_table.groups(usable):
         try:
@@ -494,11 +529,16 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
-    instances = _instances(ctx, layouts)
+    return _finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
+                   docker_version, cdi_available, cgroup_version, cgroup_driver)
+
+
+def _finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
+            cgroup_version, cgroup_driver) -> Plan:
     method, exec_opts, trap = _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver)
     warnings += trap
     mounts, downloads = _weights(ctx)
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **more_env}
     if s["hf_endpoint"]:
         env["HF_ENDPOINT"] = s["hf_endpoint"].rstrip("/")
     used = {g.index for i in instances for g in i.gpus}
@@ -506,7 +546,7 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         host=host, model=ctx.model, image=_rewrite(s["vllm_image"], s["image_registry_rewrite"]),
         vllm_version=ctx.v.version, instances=instances, gpu_method=method, mounts=mounts, downloads=downloads,
         env=env, bind_address=s["bind_address"], served_name=ctx.model.served_name, warnings=warnings,
-        docker_exec_opts=exec_opts, choices=[lay.choice for lay in layouts],
+        docker_exec_opts=exec_opts, choices=choices,
         excluded_gpus=[g.index for g in gpus if g.index not in used],
     )
 

@@ -61,8 +61,9 @@ def image_cuda(facts: dict, image: str) -> str:
     return vllm_flags.get(vllm_flags.version_of_image(image)).cuda
 
 
-def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
-    """The verdict for one host; `s` is its Settings (a plain dict of host data is parsed)."""
+def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None) -> Verdict:
+    """The verdict for one host; `s` is its Settings (a plain dict of host data is parsed);
+    `peers`: the HostFacts of its serving group's members (multinode.py), if it is in one."""
     v = Verdict(plan=None)
     if not isinstance(s, Settings):
         try:
@@ -75,7 +76,7 @@ def check(host: str, facts: dict, s: Settings | dict) -> Verdict:
         v.refusals.append(why)
         return v
     try:
-        p = _plan(host, facts, s)
+        p = _plan(host, facts, s, peers)
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
         return v
@@ -111,7 +112,7 @@ def _gpu_refusal(g: dict) -> str | None:
     return None
 
 
-def _plan(host: str, facts: dict, s: Settings) -> planner.Plan:
+def _plan(host: str, facts: dict, s: Settings, peers: dict | None = None) -> planner.Plan:
     docker, tk = facts["docker"], facts["toolkit"]
     return planner.make_plan(
         host, planner.gpus_from_facts(facts["gpus"]["gpus"]), s,
@@ -119,7 +120,7 @@ def _plan(host: str, facts: dict, s: Settings) -> planner.Plan:
         docker_version=docker.get("server"),
         cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
         cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-        local_meta=_local_meta(facts, s),
+        local_meta=_local_meta(facts, s), peers={**(peers or {}), host: facts} if s["serving_group"] else None,
     )
 
 

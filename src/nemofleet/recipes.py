@@ -59,13 +59,17 @@ RECIPES: list[Row] = [
 
 # Emission order: the order of the published commands, so a planned line reads like its source.
 ORDER = (
-    "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--enable-expert-parallel",
+    "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--pipeline-parallel-size",
+    "--enable-expert-parallel",
     "--max-model-len", "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
     "--kv-cache-dtype", "--enable-prefix-caching", "--async-scheduling", "--mamba-backend", "--moe-backend",
     "--linear-backend", "--mamba-ssu-algorithm", "--mamba-cache-mode", "--mamba-ssm-cache-dtype",
     "--enable-mamba-cache-stochastic-rounding", "--mamba-cache-philox-rounds", "--speculative-config",
     "--reasoning-parser-plugin", "--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice",
     "--limit-mm-per-prompt", "--host", "--port", "--shutdown-timeout",
+    # a multi-node group (docs/recipes.md#multi-node): the order of vLLM's own example
+    "--nnodes", "--node-rank", "--master-addr", "--master-port", "--data-parallel-size", "--data-parallel-size-local",
+    "--data-parallel-start-rank", "--data-parallel-address", "--data-parallel-rpc-port", "--headless",
 )
 
 # Flags the plan decides: given in extra args they would make the container listen elsewhere
@@ -83,8 +87,18 @@ OWNED = {
     "--speculative-config": "speculative and num_speculative_tokens",
     "--shutdown-timeout": "drain_seconds",
     "--device-ids": "gpus",
-    "--data-parallel-size": "instances",
-    "--pipeline-parallel-size": "tensor_parallel_size (nemofleet plans one host per instance)",
+    "--data-parallel-size": "instances (on one host) or serving_group_parallel: dp (across hosts)",
+    "--pipeline-parallel-size": "serving_group_parallel (PP across the hosts of a serving group)",
+    "--nnodes": "the inventory's serving_groups",
+    "--node-rank": "the inventory's serving_groups (the order of the members)",
+    "--master-addr": "the inventory's serving_groups (the head's address in serving_group_network)",
+    "--master-port": "serving_group_master_port",
+    "--headless": "the inventory's serving_groups (every member but the head)",
+    "--data-parallel-size-local": "serving_group_parallel",
+    "--data-parallel-start-rank": "the inventory's serving_groups",
+    "--data-parallel-address": "the inventory's serving_groups",
+    "--data-parallel-rpc-port": "serving_group_dp_rpc_port",
+    "--distributed-executor-backend": "serving_group_parallel (nemofleet runs vLLM's multiprocessing executor)",
 }
 
 

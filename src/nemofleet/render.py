@@ -92,8 +92,14 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
     if not connect_after_create:
         w.append("--pull=never")
     w += gpu_args(plan.gpu_method, inst.gpu_uuids)
-    w += ["--ipc=host", "--shm-size=16g", "-p", f"{_bracketed(plan.bind_address)}:{inst.host_port}:{CONTAINER_PORT}"]
-    if nets:
+    if inst.group:
+        # a multi-node group member: the host's network, so NCCL, the rendezvous and VLLM_HOST_IP
+        # see the host's own addresses (vLLM's run_cluster.sh does the same); the head's API
+        # listens on bind_address:port_base itself (docs/recipes.md#multi-node)
+        w += ["--ipc=host", "--shm-size=16g", "--network=host"]
+    else:
+        w += ["--ipc=host", "--shm-size=16g", "-p", f"{_bracketed(plan.bind_address)}:{inst.host_port}:{CONTAINER_PORT}"]
+    if nets and not inst.group:
         if legacy_networks:  # Docker < 25: one --network at create time, the rest connected after
             w += [f"--network={nets[0][0]}", f"--network-alias={nets[0][1]}"]
         else:
@@ -114,12 +120,25 @@ def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, s
     connect_after_create = docker_major < 25 and len(frontends) > 1
     nets = frontend_networks(frontends, inst, len(plan.instances) == 1)
     drain = int(inst.args[inst.args.index("--shutdown-timeout") + 1]) if "--shutdown-timeout" in inst.args else 0
+    g = inst.group
+    # a worker waits for the head's rendezvous port (bounded), so the head starts first; the
+    # head's /health answers only once every member has joined
+    wait_head = ([systemd_word(x) for x in join_wait(g.head_address, g.port, g.join_timeout)]
+                 if g and not g.head else [])
     return _env.get_template("vllm.service.j2").render(
-        host=plan.host, i=inst, served_name=plan.served_name,
+        host=plan.host, i=inst, served_name=plan.served_name, wait_head=wait_head,
+        group=(f"rank {g.rank} ({g.role}) of serving group {g.name}" if g else ""),
         gpu_indices=",".join(str(g.index) for g in inst.gpus), start_timeout=start_timeout,
         docker_stop=drain + 30, stop_timeout=drain + 60, connect_after_create=connect_after_create,
         run_words=run_words(plan, inst, nets, connect_after_create, docker_major < 25), later_networks=[(systemd_word(n), systemd_word(a)) for n, a in nets[1:]] if connect_after_create else [],
     )
+
+
+def join_wait(address: str, port: int, timeout: int) -> list[str]:
+    """argv that waits (at most `timeout` s) until `address:port` accepts a TCP connection."""
+    target = f"/dev/tcp/{address}/{int(port)}"
+    return ["/usr/bin/timeout", str(int(timeout)), "/bin/bash", "-c",
+            f"until (exec 3<>{target}) 2>/dev/null; do sleep 2; done"]
 
 
 def _bracketed(address: str) -> str:
@@ -139,6 +158,7 @@ def health_script(plan: Plan, s, front_door: bool = False) -> str:
     return _env.get_template("nemofleet-health.sh.j2").render(
         drain=paths.DRAIN_SCRIPT if front_door else "",
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
+        group=next((i.group for i in plan.instances if i.group), None),
         check_infer=1 if s["health_check_infer"] else 0, fail_restart=s["health_fail_restart"],
         restart_grace=s["health_restart_grace"], restarts_per_hour=s["health_restarts_per_hour"],
         prom_dir=s["prom_dir"],
@@ -189,6 +209,7 @@ def front_door_config(plan: Plan, s, bridge: str | None) -> str:
 def drain_script(plan: Plan, s) -> str:
     return _env.get_template("nemofleet-drain.sh.j2").render(
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
+        group=next((i.group for i in plan.instances if i.group), None),
         socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, drain_seconds=s["drain_seconds"],
         ready_timeout=s["ready_timeout"])
 

@@ -169,6 +169,31 @@ def _seed(value) -> str | None:
     return None
 
 
+GROUP_NAME = r"[a-z0-9][a-z0-9-]{0,30}"
+
+
+def _members(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(h, str) and re.fullmatch(HOSTNAME, h)
+                                                                for h in value):
+        return "must be a list of at least two inventory host names (the head first)"
+    if len(set(value)) != len(value):
+        return "names a host twice"
+    return None
+
+
+def _networks(value) -> str | None:
+    import ipaddress
+
+    for net in value or []:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except (ValueError, TypeError):
+            return f"{net!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+    return None
+
+
 def _gateway_backends(value) -> str | None:
     """[{host, port, name}]: each model endpoint of the fleet the gateway balances over (a GPU host's
     front door, or the instance port of a single-instance host)."""
@@ -332,6 +357,29 @@ KEYS: list[Key] = [
         "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip),
     Key("front_door_timeout", (_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
         "(and at the gateway)", "front_door", minimum=30, maximum=86400),
+    # --- multi-node serving groups (one model over several hosts on vLLM's own distributed runtime)
+    Key("serving_group", (_S, _N), None, "the multi-node serving group this host is a member of (the inventory's "
+        "serving_groups fills it; none: the host serves on its own)", "multinode", pattern=GROUP_NAME),
+    Key("serving_group_members", (_L, _N), None, "the group's hosts in rank order, the head first (the inventory's "
+        "serving_groups fills it)", "multinode", check=_members),
+    Key("serving_group_parallel", (_S,), "pp", "how the group splits the model: pp (TP = GPUs per host, PP = hosts, "
+        "vLLM's advice) | tp (TP over every GPU of the group) | dp (one replica per TP group, one API on the head)",
+        "multinode", choices=("pp", "tp", "dp")),
+    Key("serving_group_master_port", (_I,), 29501, "the head's rendezvous port (vLLM --master-port)", "multinode",
+        minimum=1024, maximum=65535),
+    Key("serving_group_dp_rpc_port", (_I,), 13345, "the head's data-parallel RPC port (vLLM --data-parallel-rpc-port)",
+        "multinode", minimum=1024, maximum=65535),
+    Key("serving_group_interface", (_S, _N), None, "the NIC group traffic uses (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME; "
+        "none: the interface whose address is in serving_group_network)", "multinode", pattern=r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}"),
+    Key("serving_group_network", (_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
+        "the private networks group traffic may use (vLLM's inter-node traffic is not encrypted)", "multinode",
+        check=_networks),
+    Key("serving_group_allow_public", (_B,), False, "allow a rendezvous address outside serving_group_network",
+        "multinode"),
+    Key("serving_group_ib_hca", (_S, _N), None, "NCCL_IB_HCA: the InfiniBand/RoCE adapters NCCL uses (none: NCCL's choice)",
+        "multinode", pattern=r"\^?=?[A-Za-z0-9_:,.-]{1,200}"),
+    Key("serving_group_join_timeout", (_I,), 600, "seconds a worker waits for the head's rendezvous port before it fails",
+        "multinode", minimum=10, maximum=86400),
     # --- fleet gateway (deploys/gateway.py, hosts of the inventory group `gateway`)
     Key("gateway_backends", (_L,), [], "the model endpoints a gateway host balances over [{host, port, name}]: "
         "each GPU host's front door (front_door_port) or, with one instance, its instance port", "gateway",

@@ -76,6 +76,21 @@ _COMMON = [
     Flag("--chat-template", "str"),
     Flag("--uvicorn-log-level", "choice", ("debug", "info", "warning", "error", "critical", "trace")),
     Flag("--disable-log-requests", "bool"),
+    # multi-node (docs/recipes.md#multi-node): vLLM's own distributed runtime, the multiprocessing
+    # executor across nodes (--nnodes/--node-rank/--master-addr/--master-port, --headless on the
+    # others) and data parallel across nodes (--data-parallel-*); read from the real 0.32.0 parser
+    Flag("--pipeline-parallel-size", "int"),
+    Flag("--distributed-executor-backend", "choice", ("mp", "ray", "uni", "external_launcher")),
+    Flag("--nnodes", "int"),
+    Flag("--node-rank", "int"),
+    Flag("--master-addr", "str"),
+    Flag("--master-port", "int"),
+    Flag("--headless", "bool"),
+    Flag("--data-parallel-size", "int"),
+    Flag("--data-parallel-size-local", "int"),
+    Flag("--data-parallel-start-rank", "int"),
+    Flag("--data-parallel-address", "str"),
+    Flag("--data-parallel-rpc-port", "int"),
 ]
 
 

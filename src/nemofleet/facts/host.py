@@ -75,6 +75,19 @@ class GpuAccessRecord(FactBase):
         return "\n".join(output).strip() or None
 
 
+class RdmaDevices(FactBase):
+    """InfiniBand/RoCE adapters (/sys/class/infiniband): NCCL uses RDMA across hosts when there is
+    one, TCP sockets otherwise (a serving group warns about the latter)."""
+
+    command = "ls /sys/class/infiniband 2>/dev/null || true"
+
+    def default(self):
+        return []
+
+    def process(self, output):
+        return sorted(w for line in output for w in line.split() if w)
+
+
 class HostFacts(FactBase):
     """Everything preflight and the serving plan need, in one remote command.
 
@@ -97,6 +110,7 @@ class HostFacts(FactBase):
         "gpu_access": (GpuAccessRecord, {}),
         "lock": (DeployLock, {}),
         "addresses": (HostAddresses, {}),
+        "rdma": (RdmaDevices, {}),
     }
     MARK = "@@nemofleet-fact:"
 
@@ -142,7 +156,7 @@ def facts_file_problem(host: str, facts) -> str | None:
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
     # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan
-    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses")]
+    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma")]
     if missing:
         return (f"the facts file's entry for {host} lacks {', '.join(missing)}: write it with "
                 "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")

@@ -366,7 +366,8 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
             continue
         port = hosts.get(host, {}).get("port", base + i)
         ensure_host(host, spec, port, state)
-        hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {}}
+        hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {},
+                       **({"serving_group": spec["serving_group"]} if spec.get("serving_group") else {})}
     state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
                  mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
     write_state(state)

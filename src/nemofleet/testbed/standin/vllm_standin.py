@@ -206,6 +206,111 @@ class Handler(BaseHTTPRequestHandler):
         return self.send(404, {"detail": "Not Found"})
 
 
+def group_of(args):
+    """(port, nodes, rank) of a multi-node launch, or None: vLLM's multiprocessing executor across
+    nodes (--nnodes/--node-rank/--master-addr/--master-port) or data parallel across nodes
+    (--data-parallel-size > --data-parallel-size-local, --data-parallel-address/-rpc-port)."""
+    if (args.nnodes or 1) > 1:
+        if args.node_rank is None or not 0 <= args.node_rank < args.nnodes:
+            fail(f"ValueError: node_rank {args.node_rank} is not in [0, {args.nnodes})")
+        if args.node_rank > 0 and not args.headless:
+            fail("ValueError: only the node of rank 0 serves the API; start the others with --headless")
+        return args.master_addr or "127.0.0.1", args.master_port or 29501, args.nnodes, args.node_rank
+    dp, local = args.data_parallel_size or 1, args.data_parallel_size_local
+    if local and dp > local:
+        if dp % local:
+            fail(f"ValueError: data_parallel_size {dp} is not a multiple of data_parallel_size_local {local}")
+        start = args.data_parallel_start_rank or 0
+        if start and not args.headless:
+            fail("ValueError: --data-parallel-start-rank is for the headless nodes")
+        return args.data_parallel_address or "127.0.0.1", args.data_parallel_rpc_port or 13345, dp // local, start // local
+    return None
+
+
+def group_shape(args):
+    """What every member must agree on (vLLM would hang or fail on a mismatch)."""
+    return {"tp": args.tensor_parallel_size or 1, "pp": args.pipeline_parallel_size or 1,
+            "dp": args.data_parallel_size or 1, "model": (args.served_model_name or [""])[0],
+            "max_model_len": args.max_model_len}
+
+
+def head_rendezvous(port, nodes, shape):
+    """Rank 0: listen on the rendezvous port (every address, like torch's TCPStore), take one
+    'hello' line per other node, check it, answer 'ok'; ready once all joined. A member that
+    drops after that kills the server (vLLM's engine dies with a lost worker)."""
+    import socket
+
+    srv = socket.socket(socket.AF_INET6 if ":" in os.environ.get("VLLM_HOST_IP", "") else socket.AF_INET)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("", port))
+    srv.listen(64)
+    print(f"INFO rendezvous: waiting for {nodes - 1} node(s) on port {port}", flush=True)
+    joined = {}
+
+    def watch(conn, rank):
+        conn.settimeout(None)
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        print(f"RuntimeError: node {rank} left the group (connection lost); the engine is dead", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    while len(joined) < nodes - 1:
+        conn, peer = srv.accept()
+        conn.settimeout(10)
+        try:
+            line = conn.makefile("r").readline()
+            hello = json.loads(line) if line.strip() else None
+        except (OSError, ValueError):
+            hello = None
+        if not hello:  # a port check (the worker's unit waiting for us, a health check): not a node
+            conn.close()
+            continue
+        rank = hello.get("rank")
+        if hello.get("shape") != shape or rank in joined or not isinstance(rank, int) or not 0 < rank < nodes:
+            why = f"node {rank} from {peer[0]} does not match the head ({hello.get('shape')} vs {shape}, nodes {nodes})"
+            conn.sendall((json.dumps({"error": why}) + "\n").encode())
+            conn.close()
+            fail(f"RuntimeError: {why}")
+        conn.sendall(b'{"ok": true}\n')
+        joined[rank] = (conn, peer[0])
+        print(f"INFO rendezvous: node {rank} joined from {peer[0]} ({len(joined)}/{nodes - 1})", flush=True)
+    for rank, (conn, _) in joined.items():
+        threading.Thread(target=watch, args=(conn, rank), daemon=True).start()
+    # later connections (port checks) are accepted and closed, so the port keeps answering
+    threading.Thread(target=lambda: [c.close() for c, _ in iter(srv.accept, None)], daemon=True).start()
+
+
+def worker_rendezvous(addr, port, rank, shape, timeout=600):
+    """A headless node: connect to the head's rendezvous port (retrying), say hello, wait for the
+    answer, then stay connected; losing the head ends this process (systemd restarts it)."""
+    import socket
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            conn = socket.create_connection((addr, port), timeout=5)
+            conn.sendall((json.dumps({"rank": rank, "shape": shape}) + "\n").encode())
+            answer = json.loads(conn.makefile("r").readline() or "{}")
+            break
+        except (OSError, ValueError) as exc:
+            if time.time() > deadline:
+                fail(f"RuntimeError: could not reach the head at {addr}:{port} within {timeout}s ({exc})")
+            time.sleep(1)
+    if not answer.get("ok"):
+        fail(f"RuntimeError: the head at {addr}:{port} refused node {rank}: {answer.get('error')}")
+    print(f"INFO rendezvous: node {rank} joined the head at {addr}:{port}", flush=True)
+    conn.settimeout(None)
+    try:
+        while conn.recv(64):
+            pass
+    except OSError:
+        pass
+    fail(f"RuntimeError: lost the head at {addr}:{port}; this node stops")
+
+
 def main(argv):
     if argv[:1] != ["serve"]:
         fail(f"vllm: error: argument subparser: invalid choice: {argv[:1]}", 2)
@@ -221,7 +326,13 @@ def main(argv):
         fail(f"OSError: {args.model_tag} does not appear to have a file named config.json.")
     if args.reasoning_parser_plugin and not os.path.exists(args.reasoning_parser_plugin):
         fail(f"FileNotFoundError: reasoning parser plugin {args.reasoning_parser_plugin} not found")
-    check_gpus(args.tensor_parallel_size or 1)
+    group = group_of(args)
+    # the GPUs this node runs: the world (TP x PP) spread evenly over the nodes
+    world = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
+    check_gpus(world // group[2] if group and (args.nnodes or 1) > 1 else (args.tensor_parallel_size or 1))
+    if group and group[3] > 0:  # a headless node: no API; it lives as long as its link to the head
+        worker_rendezvous(group[0], group[1], group[3], group_shape(args))
+        return
     server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
     def drain_then_stop():
         # like vLLM's --shutdown-timeout: no new requests, those in flight finish, then exit
@@ -246,6 +357,8 @@ def main(argv):
         host_fail = None
 
     def load():
+        if group:  # the API is ready once every node has joined (vLLM's engine needs them all)
+            head_rendezvous(group[1], group[2], group_shape(args))
         time.sleep(float(os.environ.get("STANDIN_STARTUP_SECONDS", "2")))
         if os.environ.get("STANDIN_FAIL") == "start" or (host_fail and host_fail == release):
             print("RuntimeError: Engine core initialization failed (STANDIN_FAIL=start)", file=sys.stderr, flush=True)

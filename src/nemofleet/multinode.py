@@ -1,0 +1,245 @@
+"""Multi-node serving groups: one model over several hosts, on vLLM's own distributed runtime.
+
+A pure part of the serving plan (plan.make_plan calls `layout` for a host whose settings name a
+`serving_group`). Every member plans the same group from the same inputs -- the group's settings
+and every member's facts -- and takes its own rank's part, so the members cannot disagree.
+
+What a group runs (docs/recipes.md#multi-node has the sources):
+- pp (default): TP = the GPUs of one host, PP = the hosts; vLLM's multiprocessing executor across
+  nodes: `--nnodes N --node-rank R --master-addr HEAD --master-port P`, `--headless` on all but
+  the head. vLLM's own advice for a model larger than one node.
+- tp: TP over every GPU of the group (same flags, no PP); only sensible over InfiniBand/NVLink.
+- dp: one replica per TP group of one host's GPUs, all behind the head's API:
+  `--data-parallel-size D --data-parallel-size-local L --data-parallel-address HEAD
+  --data-parallel-rpc-port P`, `--headless --data-parallel-start-rank R*L` on the others.
+The containers run with `--network host` (NCCL and the rendezvous need the host's addresses),
+NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME/VLLM_HOST_IP name the group's interface and address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from . import gpus as gpu_table
+from . import memory as mem_model
+from . import vllm_flags
+from .plan import GIB, MIB, Gpu, GroupRole, Instance, PlanError, _Ctx, _flags, _layout, _memory, _NoFit, _validate, _viable, gpus_from_facts
+
+# Interfaces that never carry group traffic: loopback and container/overlay plumbing.
+_PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|vxlan.*|"
+                       r"tun.*|tap.*|kube.*|weave.*|cilium.*)$")
+MAX_NODES = 16
+
+
+def member_address(addresses: dict, s) -> tuple[str, str] | str:
+    """(interface, address) this member uses for group traffic, or one sentence why none.
+    An address inside serving_group_network on serving_group_interface (or on any interface that
+    is not loopback or container plumbing); IPv4 before IPv6."""
+    nets = [ipaddress.ip_network(n, strict=False) for n in s["serving_group_network"]]
+    want = s["serving_group_interface"]
+    found = []
+    for iface, addrs in sorted((addresses or {}).items()):
+        if (want and iface != want) or (not want and _PLUMBING.match(iface)):
+            continue
+        for a in addrs:
+            try:
+                ip = ipaddress.ip_address(a)
+            except ValueError:
+                continue
+            if ip.is_loopback or ip.is_link_local or ip.is_multicast:
+                continue
+            found.append((not any(ip in n for n in nets), ip.version, iface, a))
+    found.sort()
+    if found and (not found[0][0] or s["serving_group_allow_public"]):
+        return found[0][2], found[0][3]
+    where = f"on {want}" if want else "on any interface"
+    if found:
+        return (f"its only address {where} is {found[0][3]}, outside serving_group_network "
+                f"({', '.join(s['serving_group_network'])}): vLLM's inter-node traffic is not encrypted, so "
+                "nemofleet keeps it on a private network; add that network to serving_group_network, or set "
+                "serving_group_allow_public: true if the link is trusted")
+    return f"it has no usable address {where} (interfaces: {', '.join(sorted(addresses or {})) or 'none'})"
+
+
+def _member_gpus(name: str, facts: dict, s) -> list[Gpu] | str:
+    g = facts.get("gpus") or {}
+    if not g.get("gpus"):
+        return "nvidia-smi lists no GPU there"
+    try:
+        usable, _ = gpu_table.select(gpus_from_facts(g["gpus"]), s["gpus"])
+    except gpu_table.UnsupportedGpu as exc:
+        return str(exc)
+    return usable or "none of its GPUs is usable (MIG enabled or not selected)"
+
+
+def _shape(gpus: list[Gpu]) -> str:
+    return f"{len(gpus)}x {gpu_table.label(gpus[0])}"
+
+
+def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[list[Instance], str, list[str], dict]:
+    """(instances, choice, warnings, env) of `host` as a member of its serving group, or PlanError.
+    `peers`: {member: HostFacts} for every member (this host included)."""
+    s = ctx.s
+    name, members = s["serving_group"], s["serving_group_members"]
+    if not members:
+        raise PlanError(f"serving_group {name} has no members: list its hosts, head first, in the inventory's "
+                        f"serving_groups (serving_groups = {{{name!r}: ['head', 'worker', ...]}})")
+    if host not in members:
+        raise PlanError(f"this host is in serving_group {name} but not among its members ({', '.join(members)})")
+    if len(members) > MAX_NODES:
+        raise PlanError(f"serving_group {name} has {len(members)} members; nemofleet plans at most {MAX_NODES}")
+    peers = peers or {}
+    shapes, addrs, problems = {}, {}, []
+    for m in members:
+        f = peers.get(m)
+        if f is None:
+            problems.append(f"{m} is not part of this run (deploy every member of {name} together: "
+                            f"--limit {','.join(members)})")
+            continue
+        if f.get("absent"):
+            problems.append(f"{m} {f['absent']}")
+            continue
+        if f.get("unreachable"):
+            problems.append(f"{m} did not answer ({f['unreachable']})")
+            continue
+        unread = sorted((f.get("errors") or {}).items())
+        if unread and m != host:  # this host's own unreadable parts are refused on their own
+            problems.append(f"{m}: could not read {unread[0][0]} ({unread[0][1][:160]})")
+            continue
+        gpus = _member_gpus(m, f, s)
+        if isinstance(gpus, str):
+            problems.append(f"{m}: {gpus}")
+            continue
+        shapes[m] = gpus
+        where = member_address(f.get("addresses") or {}, s)
+        if isinstance(where, str):
+            problems.append(f"{m}: {where}")
+        else:
+            addrs[m] = where
+    if problems:
+        raise PlanError(f"serving_group {name} cannot be planned: " + "; ".join(problems))
+    head = members[0]
+    labels = {m: _shape(g) for m, g in shapes.items()}
+    if len(set(labels.values())) > 1:
+        raise PlanError(f"serving_group {name} mixes GPUs ({', '.join(f'{m}: {labels[m]}' for m in members)}): "
+                        "every member needs the same GPU model and count (one TP size, one memory budget)")
+    drivers = {m: (peers[m].get("gpus") or {}).get("driver") for m in members}
+    if len(set(drivers.values())) > 1:
+        raise PlanError(f"serving_group {name} mixes NVIDIA drivers ({', '.join(f'{m}: {drivers[m]}' for m in members)}): "
+                        "NCCL across the group needs one driver and CUDA version on every member")
+    images = {m: ((peers[m].get("image") or {}).get("id") or "") for m in members}
+    pulled = {i for i in images.values() if i}
+    if len(pulled) > 1:
+        raise PlanError(f"serving_group {name}: {s['vllm_image']} is a different image on "
+                        f"{', '.join(m for m in members if images[m] and images[m] != images[head]) or 'a member'} "
+                        "than on the head (re-pull it everywhere, or pin the image by digest)")
+    gpus = shapes[host]
+    n_nodes, per_node = len(members), len(gpus)
+    try:
+        arch = gpu_table.arch_of(gpus[0])
+    except gpu_table.UnsupportedGpu as exc:
+        raise PlanError(str(exc)) from None
+    m = ctx.model
+    if arch.name not in m.archs:
+        raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
+    mode = s["serving_group_parallel"]
+    gpu_bytes = gpus[0].memory_mib * MIB
+    seqs = s["max_num_seqs"] or arch.default_max_num_seqs
+    batched = s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
+    where = f"{n_nodes} hosts x {_shape(gpus)}"
+    one_host = _fits_one_host(ctx, gpus)
+    rank = members.index(host)
+    head_addr = addrs[head][1]
+    if mode == "dp":
+        try:
+            lay = _layout(ctx, gpus)
+        except _NoFit as nofit:
+            raise PlanError(f"{m.key} does not fit one replica per host of serving_group {name} ({_shape(gpus)}: "
+                            f"{nofit.mem.summary()} at TP{nofit.tp}); serving_group_parallel: pp spreads one "
+                            "replica over the hosts") from None
+        tp, pp, local = lay.tp, 1, lay.count
+        mem, seqs, batched = lay.mem, lay.seqs, lay.batched
+        port = s["serving_group_dp_rpc_port"]
+        more = [("--data-parallel-size", local * n_nodes), ("--data-parallel-size-local", local),
+                ("--data-parallel-address", head_addr), ("--data-parallel-rpc-port", port)]
+        if rank:
+            more += [("--data-parallel-start-rank", rank * local), ("--headless", None)]
+        choice = (f"serving_group {name} ({where}): data parallel, {local * n_nodes} replicas of TP{tp} "
+                  f"({local} per host), one API on the head {head}; each fits with {mem.headroom / GIB:.1f} GiB "
+                  f"headroom per GPU ({mem.summary()})")
+    else:
+        tp, pp = (per_node, n_nodes) if mode == "pp" else (per_node * n_nodes, 1)
+        mem = _memory(ctx, _flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
+        if not _viable(ctx, mem, tp * pp, gpu_bytes):
+            raise _group_refusal(ctx, name, where, gpus, tp, pp, mem, seqs, batched)
+        port = s["serving_group_master_port"]
+        more = ([("--pipeline-parallel-size", pp)] if pp > 1 else []) + [
+            ("--nnodes", n_nodes), ("--node-rank", rank), ("--master-addr", head_addr), ("--master-port", port)]
+        if rank:
+            more.append(("--headless", None))
+        how = (f"TP{tp} within each host x PP{pp} across the hosts (vLLM's advice: TP = GPUs per node, PP = nodes)"
+               if mode == "pp" else f"TP{tp} over every GPU of the group")
+        choice = (f"serving_group {name} ({where}): one instance, {how}; fits with {mem.headroom / GIB:.1f} GiB "
+                  f"headroom per GPU ({mem.summary()}) and its KV cache holds {mem.full_context_seqs} full "
+                  f"{ctx.mml}-token sequences at once")
+    # the head serves the API on the host's network (--network host): bind_address and port_base
+    more += [("--host", s["bind_address"]), ("--port", s["port_base"])]
+    role = GroupRole(name=name, members=tuple(members), rank=rank, parallel=mode, head_address=head_addr,
+                     address=addrs[host][1], interface=addrs[host][0], port=port,
+                     join_timeout=s["serving_group_join_timeout"])
+    choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
+    flags = _flags(ctx, arch, tp, seqs, batched, more)
+    _validate(ctx, flags)
+    inst = Instance(name=f"{s['instance_prefix']}{name}", gpus=gpus, host_port=s["port_base"], tp=tp,
+                    ep=tp > 1 and m.moe, args=[ctx.model_path] + vllm_flags.render(flags), memory=mem,
+                    max_model_len=ctx.mml, max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]),
+                    group=role)
+    warnings = []
+    if one_host and mode != "dp":
+        warnings.append(f"{m.key} fits one host of serving_group {name} ({one_host}): spreading it over "
+                        f"{n_nodes} hosts adds inter-node traffic to every token; serve it per host unless "
+                        "the group is wanted (longer context, fewer endpoints)")
+    no_rdma = [mb for mb in members if not (peers[mb].get("rdma") or [])]
+    if no_rdma:
+        warnings.append(f"no InfiniBand/RoCE adapter on {', '.join(no_rdma)} (/sys/class/infiniband is empty): "
+                        f"NCCL sends serving_group {name}'s traffic over TCP sockets on {addrs[host][0]}, "
+                        "far slower than RDMA for TP/PP across hosts")
+    if rank == 0:
+        warnings.append(f"serving_group {name}: vLLM's inter-node traffic is not encrypted; it stays on "
+                        f"{', '.join(f'{mb} {addrs[mb][1]}' for mb in members)}")
+    env = {"NCCL_SOCKET_IFNAME": addrs[host][0], "GLOO_SOCKET_IFNAME": addrs[host][0],
+           "VLLM_HOST_IP": addrs[host][1]}
+    if s["serving_group_ib_hca"]:
+        env["NCCL_IB_HCA"] = s["serving_group_ib_hca"]
+    return [inst], choice, warnings, env
+
+
+def _fits_one_host(ctx: _Ctx, gpus: list[Gpu]) -> str | None:
+    try:
+        lay = _layout(ctx, gpus)
+    except (_NoFit, PlanError):
+        return None
+    return f"{lay.count} x TP{lay.tp} on {_shape(gpus)}, {lay.mem.summary()}"
+
+
+def _group_refusal(ctx: _Ctx, name: str, where: str, gpus: list[Gpu], tp: int, pp: int, mem, seqs, batched) -> PlanError:
+    """Need vs available per GPU, and the smallest group of these hosts that would hold it."""
+    m, s = ctx.model, ctx.s
+    gpu_bytes = gpus[0].memory_mib * MIB
+    per_node = len(gpus)
+    bigger = None
+    arch = gpu_table.arch_of(gpus[0])
+    for n in range(2, MAX_NODES + 1):
+        t, p = (per_node, n) if s["serving_group_parallel"] == "pp" else (per_node * n, 1)
+        alt = _memory(ctx, _flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched, pp=p)
+        if _viable(ctx, alt, t * p, gpu_bytes):
+            bigger = f"{n} hosts of {_shape(gpus)} ({alt.summary()})"
+            break
+    floor = f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else ""
+    return PlanError(
+        f"{m.key} over serving_group {name} ({where}, TP{tp} x PP{pp}) needs {mem_model.gib(mem.need)} per GPU{floor} "
+        f"({mem.terms()}) but each GPU has {mem_model.gib(mem.available)} at gpu_memory_utilization "
+        f"{float(s['gpu_memory_utilization']):.2f}; "
+        + (f"it fits {bigger}" if bigger else f"no group of up to {MAX_NODES} such hosts holds it")
+        + " (or lower max_model_len / max_num_seqs)")
