@@ -60,6 +60,53 @@ def cases():
     return out
 
 
+def _member_facts(gpus, addr):
+    rows = [{"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_mib, "cc": g.cc} for g in gpus]
+    return {"gpus": {"gpus": rows, "driver": "580.95.05"}, "addresses": {"eth0": [addr]}, "rdma": [], "image": {},
+            "errors": {}}
+
+
+def group_cases():
+    """Every multi-node line (issue 18): head and workers of 2- and 4-host groups of each shape,
+    pp, tp and dp, for every catalog model the group can hold."""
+    out, seen = [], set()
+    shapes = {k: v for k, v in fleet().items() if k in ("a100x1", "a100x4", "a100x8", "h100x8", "h200x8", "b200x8")}
+    for shape, gpus in shapes.items():
+        for n in (2, 4):
+            members = [f"{shape}-{i}" for i in range(n)]
+            peers = {m: _member_facts(gpus, f"10.0.0.{i + 1}") for i, m in enumerate(members)}
+            for key, model in CATALOG.items():
+                for mode in ("pp", "tp", "dp"):
+                    for m in members[:2]:  # the head and one worker (the others differ by rank only)
+                        try:
+                            p = make_plan(m, gpus, {"model": key, "vllm_image": f"vllm/vllm-openai:v{VERSION}",
+                                                    "serving_group": "g", "serving_group_members": members,
+                                                    "serving_group_parallel": mode}, peers=peers)
+                        except PlanError:
+                            continue
+                        inst = p.instances[0]
+                        if tuple(inst.args) in seen:
+                            continue
+                        seen.add(tuple(inst.args))
+                        out.append({"name": f"group {n}x{shape}/{key}/{mode}/{m}", "args": inst.args,
+                                    "reasoning": model.reasoning_parser,
+                                    "plugin": bool(model.reasoning_parser_plugin), "tool": model.tool_call_parser})
+    return out
+
+
+@pytest.mark.skipif(not VLLM_PYTHON, reason="opt-in: make test-real-vllm")
+def test_every_multinode_line_parses_with_the_real_vllm_parser():
+    todo = group_cases()
+    assert len(todo) > 30 and any("--headless" in c["args"] for c in todo)
+    assert any("--data-parallel-start-rank" in c["args"] for c in todo)
+    r = subprocess.run([VLLM_PYTHON, str(Path(__file__).with_name("vllm_parse.py"))], input=json.dumps(todo),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [], result["errors"]
+    print(f"{len(todo)} multi-node command lines parsed by vLLM {VERSION}")
+
+
 @pytest.mark.skipif(not VLLM_PYTHON, reason="opt-in: make test-real-vllm")
 def test_every_planned_command_line_parses_with_the_real_vllm_parser():
     todo = cases()
