@@ -24,6 +24,13 @@ gpu_h200 = [
 #     ("gw-01.example.internal", {"ssh_user": "root"}),
 # ]
 
+# A multi-node serving group (README "One model over several hosts", docs/recipes.md#multi-node):
+# one model over several hosts of one GPU class, the head first; their shared settings (the model,
+# the image, the flags) go in the class's group data or in each member's data alike, e.g.
+#   gpu_a100 += [("a100-02.example.internal", {"ssh_user": "root"}),
+#                ("a100-03.example.internal", {"ssh_user": "root"})]
+#   serving_groups = {"svl-a100": ["a100-02.example.internal", "a100-03.example.internal"]}
+
 from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
 
 checked(globals())

@@ -165,6 +165,7 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
     changed: set = set()
     if want.front_door:
         front_door(want)
+    if want.drain_restarts:
         # one instance at a time, its unit file then its restart, so the others keep serving and a
         # run that stops half way leaves every unit file matching the container that runs it
         for path, unit, command in want.drain_restarts:
@@ -177,7 +178,7 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
         units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
     # with a front door, running units were restarted above: here only starts, enables and removals
     running = units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
-                            deferred=set() if want.front_door else None)
+                            deferred=set() if want.drain_restarts else None)
     if want.ready_command:
         server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command],
                      _if=running.did_change)
@@ -254,6 +255,7 @@ def fact_reads(want: Desired) -> list[tuple]:
         reads += [files.reads(f) for f in (want.front_door_files, want.front_door_secrets)]
         reads += [frontdoor.reads(paths.FRONT_DOOR_CFG), (AptPackages, {"names": ("haproxy",)}),
                   units.running_reads(["haproxy.service"])]
+    if want.drain_restarts:
         reads += [files.reads({path: want.units[path]}) for path, _, _ in want.drain_restarts]
     reads += [weights.model_reads(d.directory, d.revision, d.full_verify) for d in want.downloads]
     if want.networks:

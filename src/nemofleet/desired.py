@@ -521,7 +521,9 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
     d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {secrets['vllm_api_key']}\n", "0600")}
     # a running instance whose unit changed: drained, restarted, ready, back in (under the health
     # check's lock, so a self-heal never runs meanwhile); one not running is started by units.running
-    d.drain_restarts = [(paths.unit_path(i.name), i.unit,
+    # a serving group's one instance cannot be drained to others, and must restart with the rest of
+    # its group in the same step (units.running on every member): no drain restart for it
+    d.drain_restarts = [] if p.instances[0].group else [(paths.unit_path(i.name), i.unit,
                          f"systemctl is-active -q {i.unit} || exit 0; "
                          f"flock -w 900 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart {i.name}")
                         for i in p.instances]
@@ -538,8 +540,9 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
             "one endpoint per instance)")
 
 
-def planned_release(host: str, facts: dict, data: dict) -> str | None:
+def planned_release(host: str, facts: dict, data: dict, peers: dict | None = None) -> str | None:
     """The release id the inventory plans for a host (for `nemofleet status` drift), or None
-    when the host would be refused. Secrets do not enter the release id."""
-    d = build(host, data, dict(facts, lock=None), {"vllm_api_key": "x" * 16})
+    when the host would be refused. Secrets do not enter the release id. `peers`: the HostFacts
+    of the members of its serving group, if it is in one."""
+    d = build(host, data, dict(facts, lock=None), {"vllm_api_key": "x" * 16}, peers=peers)
     return d.release_id if d.ok else None

@@ -59,7 +59,9 @@ def member_address(addresses: dict, s) -> tuple[str, str] | str:
                 f"({', '.join(s['serving_group_network'])}): vLLM's inter-node traffic is not encrypted, so "
                 "nemofleet keeps it on a private network; add that network to serving_group_network, or set "
                 "serving_group_allow_public: true if the link is trusted")
-    return f"it has no usable address {where} (interfaces: {', '.join(sorted(addresses or {})) or 'none'})"
+    if not addresses:  # e.g. a host without iproute2 (seen on a real H200 machine): `ip` is missing
+        return "`ip -o addr` listed no address there (is iproute2 installed?); set serving_group_interface once it is"
+    return f"it has no usable address {where} (interfaces: {', '.join(sorted(addresses))})"
 
 
 def _member_gpus(name: str, facts: dict, s) -> list[Gpu] | str:

@@ -162,6 +162,7 @@ def test_timed_out_deploy_rolls_back_and_audits(monkeypatch):
 
 def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatch):
     monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: ["a", "b", "c"])
+    monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])  # no serving group
     monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
                         {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
                                  if "REFRESHED" in script else "state=RELEASED") for h in hosts})
@@ -174,6 +175,47 @@ def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatc
     o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None)
     assert seen == ["a", "b"] and o.halted and "halted after batch 1" in o.reason
     assert [r.result for r in o.results] == ["ok", "rolled back", "not reached"] and not o.ok
+
+
+# ---------------------------------------------------------------------------- serving groups (one unit)
+
+GROUP_DATA = {"h1": {}, "g1": {"serving_group": "g", "serving_group_members": ["g1", "g2"]},
+              "g2": {"serving_group": "g", "serving_group_members": ["g1", "g2"]}, "h2": {}}
+
+
+def test_group_units_keep_a_serving_group_together_and_refuse_half_of_one(monkeypatch):
+    monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: GROUP_DATA)
+    assert driver.group_units("inv", ["h1", "g2", "g1", "h2"]) == [["h1"], ["g1", "g2"], ["h2"]]
+    with pytest.raises(driver.FleetError, match=r"takes g1 but not g2 of serving group g: .*--limit g1,g2"):
+        driver.group_units("inv", ["h1", "g1"])
+
+
+def test_rollout_batches_count_a_group_as_one_unit(monkeypatch):
+    monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: ["h1", "g1", "g2", "h2"])
+    monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: GROUP_DATA)
+    monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
+                        {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
+                                 if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+    seen = []
+    monkeypatch.setattr(rollout, "deploy_one", lambda inv, h, *a, **k: seen.append([h]) or rollout.HostResult(h, result="ok"))
+    monkeypatch.setattr(rollout, "deploy_group", lambda inv, m, *a, **k: seen.append(m) or [rollout.HostResult(h, result="ok") for h in m])
+    o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None)
+    assert seen == [["h1"], ["g1", "g2"], ["h2"]] and o.ok
+
+
+def test_failed_group_gate_rolls_back_every_changed_member_together(monkeypatch):
+    states = {"g1": [OLD, NEW, NEW, OLD], "g2": [OLD, NEW, NEW, OLD]}
+    calls = []
+    monkeypatch.setattr(rollout, "read_state", lambda inv, h: states[h].pop(0) if len(states[h]) > 1 else states[h][0])
+    monkeypatch.setattr(driver, "run", lambda inv, hosts, *a, **k: calls.append(("deploy", tuple(hosts))) or Result(0, "", ""))
+    gates = [False, True]
+    monkeypatch.setattr(rollout, "gate", lambda inv, h, *a, **k: calls.append(("gate", h)) or (gates.pop(0), "g"))
+    monkeypatch.setattr(rollout, "rollback_host", lambda inv, h, expect=None, window=60: calls.append(("rollback", h, expect)) or (True, "back"))
+    monkeypatch.setattr(rollout, "audit", lambda *a: None)
+    res = rollout.deploy_group("inv", ["g1", "g2"], {}, 60, {})
+    assert calls[0] == ("deploy", ("g1", "g2")) and calls[1] == ("gate", "g1")  # one deploy, the head gated first
+    assert {c for c in calls if c[0] == "rollback"} == {("rollback", "g1", OLD.release), ("rollback", "g2", OLD.release)}
+    assert [r.result for r in res] == ["rolled back", "rolled back"] and calls[-1] == ("gate", "g1")
 
 
 # ---------------------------------------------------------------------------- lock decisions

@@ -149,6 +149,16 @@ def test_public_rendezvous_only_when_told():
     assert args_after(p.instances[0].args, "--master-addr") == "203.0.113.7"
 
 
+def test_real_h200_without_iproute2_and_with_an_empty_infiniband_class():
+    """As read on the real H200 machine (device tool): /sys/class/infiniband exists but is empty,
+    and `ip` is not installed, so HostAddresses is empty."""
+    from nemofleet.facts.docker import HostAddresses
+    from nemofleet.facts.host import RdmaDevices
+
+    assert RdmaDevices().process([]) == [] and HostAddresses().process(["bash: line 1: ip: command not found"]) == {}
+    assert "is iproute2 installed?" in multinode.member_address({}, settings.parse({}))
+
+
 def test_member_address_prefers_private_ipv4_and_skips_plumbing():
     s = settings.parse({})
     addrs = {"lo": ["127.0.0.1"], "docker0": ["172.17.0.1"], "br-1a2b": ["172.18.0.1"], "veth9": ["10.9.9.9"],
@@ -199,6 +209,9 @@ def test_group_head_with_frontends_gets_the_front_door():
     head = desired.build("a100-1", data, ps["a100-1"], SECRETS, peers=ps)
     worker = desired.build("a100-2", data, ps["a100-2"], SECRETS, peers=ps)
     assert head.front_door and not head.attached and not worker.front_door and not worker.frontend_lines
+    # the group's one instance restarts with its group (units.running on every member), never
+    # through a drain that would restart the head alone
+    assert head.drain_restarts == []
     assert any("the front door" in x for x in head.frontend_lines)
 
 

@@ -204,6 +204,32 @@ def serving_hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
     return out
 
 
+def group_units(inventory: str, hosts: list[str]) -> list[list[str]]:
+    """`hosts` as deploy units, in order: a member of a multi-node serving group brings its whole
+    group (its members in rank order, the head first: one model, restarted, gated and rolled back
+    together); any other host is a unit of its own. A selection that takes part of a group is
+    refused: deploying half a group would leave its members running different releases."""
+    data = host_data(inventory)
+    out, seen = [], set()
+    for h in hosts:
+        if h in seen:
+            continue
+        d = data.get(h) or {}
+        members = d.get("serving_group_members") if d.get("serving_group") else None
+        if isinstance(members, list) and len(members) > 1:
+            missing = [m for m in members if m not in hosts]
+            if missing:
+                raise FleetError(f"the selection takes {h} but not {', '.join(missing)} of serving group "
+                                 f"{d['serving_group']}: a group deploys, restarts and rolls back as one unit; select "
+                                 f"all its members (--limit {','.join(members)})")
+            out.append(list(members))
+            seen.update(members)
+        else:
+            out.append([h])
+            seen.add(h)
+    return out
+
+
 def hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
     return list(host_data(inventory, limit))
 

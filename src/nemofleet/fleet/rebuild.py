@@ -117,21 +117,28 @@ def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host
     hk = read_host_key(target, host)
     log(trust_host_key(hk, host, accept_new_host_key, expect_host_key or target.expected, yes))
     stages["host key"] = time.time() - t
-    with lock.with_lock(inventory, [host], f"rebuild by {driver.operator()}", ttl, log=log) as held:
+    # a member of a multi-node serving group is planned from every member's facts: the group's
+    # other members join the run (they change nothing) and the head is gated before this host
+    d = driver.host_data(inventory, [host]).get(host) or {}
+    members = list(d["serving_group_members"]) if d.get("serving_group") and d.get("serving_group_members") else [host]
+    with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held:
         t = time.time()
-        r = driver.run(inventory, [host], "deploys/preflight.py", data=data, env=held.env(), timeout=900)
+        r = driver.run(inventory, members, "deploys/preflight.py", data=data, env=held.env(), timeout=900)
         stages["preflight"] = time.time() - t
         if r.rc:
             raise RebuildError(f"preflight refused {host}:\n" + "\n".join(
                 ln for ln in r.out.splitlines() if "refused" in ln or "rror" in ln))
         t = time.time()
-        r = driver.run(inventory, [host], rollout.DEPLOY, data={**(data or {}), "wait_ready": "false"},
+        r = driver.run(inventory, members, rollout.DEPLOY, data={**(data or {}), "wait_ready": "false"},
                        env=held.env(), timeout=window + rollout.DEPLOY_SLACK)
         stages["converge"] = time.time() - t
         if r.rc:
             raise RebuildError(f"converge of {host} failed:\n{r.out[-3000:]}")
         t = time.time()
-        ok, detail = rollout.gate(inventory, host, window, log=log)
+        for m in [members[0]] + ([host] if host != members[0] else []):
+            ok, detail = rollout.gate(inventory, m, window, log=log)
+            if not ok:
+                break
         stages["health gate"] = time.time() - t
         if not ok:
             raise RebuildError(f"{host} was rebuilt but is not healthy: {detail}")

@@ -189,12 +189,87 @@ def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, 
     return res
 
 
+def _recover_group(inventory: str, results: list[HostResult], before: dict, window: float, log) -> None:
+    """A group that failed: every member the deploy changed goes back to the release it replaced,
+    all together (the members of one model must run one release), then the head is gated."""
+    changed = []
+    for res in results:
+        after = read_state(inventory, res.host)
+        if after is not None and not after.changed_from(before[res.host]):
+            res.new = after.release
+            res.detail += "; the host still runs its release (nothing to roll back)"
+        elif not before[res.host].release:
+            res.detail += "; no earlier release to roll back to"
+        else:
+            changed.append(res)
+    if not changed:
+        return
+    with ThreadPoolExecutor(max_workers=len(changed)) as pool:
+        back = list(pool.map(lambda r: rollback_host(inventory, r.host, expect=before[r.host].release,
+                                                     window=window), changed))
+    head_ok, _ = gate(inventory, results[0].host, window, log=log) if all(ok for ok, _ in back) else (False, "")
+    for res, (ok, text) in zip(changed, back):
+        res.result = "rolled back" if ok and head_ok else "failed, rollback failed"
+        res.detail += f"; {text}"
+        res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+
+
+def deploy_group(inventory: str, members: list[str], data: dict, window: float, env: dict,
+                 log=print) -> list[HostResult]:
+    """A multi-node serving group as one unit: one deploy over all its members, the gate on the
+    head (its /health answers only with every member joined) and then on each worker; a failure
+    rolls back every member it changed."""
+    t0 = time.time()
+    before = {m: read_state(inventory, m) for m in members}
+    results = [HostResult(m, old=(before[m].release if before[m] else None)) for m in members]
+    lost = [m for m in members if before[m] is None]
+    if lost:
+        for res in results:
+            res.result = "unreachable" if res.host in lost else "not reached"
+            res.detail = (f"could not connect over SSH" if res.host in lost else
+                          f"serving group member {', '.join(lost)} is unreachable: the group deploys as one unit")
+        return results
+    r = driver.run(inventory, members, DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
+                                                     "wait_ready": "false"},
+                   timeout=window + DEPLOY_SLACK, env=env)
+    failed = None
+    if r.rc != 0:
+        failed = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
+    else:
+        for m in members:  # the head first: it is ready only once the whole group has joined
+            ok, detail = gate(inventory, m, window, log=log)
+            if not ok:
+                failed = f"health gate on {m}: {detail}"
+                break
+    for res in results:
+        res.result, res.detail = ("failed", failed) if failed else ("ok", "serving group up (gated on the head)")
+        if not failed:
+            res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+    if failed:
+        _recover_group(inventory, results, before, window, log)
+    for res in results:
+        res.seconds = time.time() - t0
+        audit(inventory, res.host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}"
+              f" (serving group {', '.join(members)})")
+    return results
+
+
+def _deploy_unit(inventory, unit, data, window, env, log) -> list[HostResult]:
+    if len(unit) == 1:
+        return [deploy_one(inventory, unit[0], data, window, env, log)]
+    return deploy_group(inventory, unit, data, window, env, log)
+
+
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print) -> Outcome:
+    """Batches of deploy units (a host, or a multi-node serving group counted as one): canary
+    first, each gated on health, halted when the failure budget (hosts) is spent."""
     hosts = driver.serving_hosts(inventory, limit)
-    check_options(len(hosts), batch, canary, max_failures)
-    plan = batches(hosts, batch, canary)
+    units = driver.group_units(inventory, hosts)
+    check_options(len(units), batch, canary, max_failures)
+    plan = [[h for u in b for h in u] for b in batches(units, batch, canary)]
+    unit_of = {h: u for u in units for h in u}
     outcome = Outcome([HostResult(h) for h in hosts])
     by_host = {r.host: r for r in outcome.results}
     for h, e in driver.exec_all(inventory, hosts, "true", timeout=90).items():
@@ -211,12 +286,14 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 outcome.halted = True
                 outcome.reason = "; ".join(lost) or f"failure budget {max_failures} spent before {label}"
                 break
-            todo = [h for h in group if by_host[h].result != "unreachable"]
+            todo = [unit_of[h] for h in group if h == unit_of[h][0]
+                    and all(by_host[m].result != "unreachable" for m in unit_of[h])]
             with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-                for res in pool.map(lambda h: deploy_one(inventory, h, data or {}, window, held.env(), log), todo):
-                    by_host[res.host].__dict__.update(res.__dict__)
-                    log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
-                    failures += res.result != "ok"
+                for done in pool.map(lambda u: _deploy_unit(inventory, u, data or {}, window, held.env(), log), todo):
+                    for res in done:
+                        by_host[res.host].__dict__.update(res.__dict__)
+                        log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
+                        failures += res.result != "ok"
             if failures > max_failures:
                 outcome.halted = True
                 outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"
@@ -228,16 +305,19 @@ def rollback(inventory: str, limit: list[str] | None = None, window: float = 120
              log=print) -> Outcome:
     """Return hosts, one at a time, to the release kept before their current one."""
     hosts = driver.serving_hosts(inventory, limit)
+    units = driver.group_units(inventory, hosts)
     outcome = Outcome()
     with lock.with_lock(inventory, hosts, f"rollback by {driver.operator()}", ttl, log=log):
-        for h in hosts:
+        for unit in units:  # a serving group's members together, then its head gated first
             t0 = time.time()
-            res = HostResult(h, old=(read_state(inventory, h) or HostState(None, None)).release)
-            ok, text = rollback_host(inventory, h, window=window)
-            good, detail = gate(inventory, h, window, log=log) if ok else (False, text)
-            res.new = (read_state(inventory, h) or HostState(None, None)).release
-            res.result, res.detail, res.seconds = ("ok" if good else "failed"), detail, time.time() - t0
-            audit(inventory, h, "rollback", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
-            outcome.results.append(res)
+            done = [HostResult(h, old=(read_state(inventory, h) or HostState(None, None)).release) for h in unit]
+            with ThreadPoolExecutor(max_workers=len(unit)) as pool:
+                back = list(pool.map(lambda h: rollback_host(inventory, h, window=window), unit))
+            for res, (ok, text) in zip(done, back):
+                good, detail = gate(inventory, res.host, window, log=log) if all(o for o, _ in back) else (False, text)
+                res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+                res.result, res.detail, res.seconds = ("ok" if good else "failed"), detail, time.time() - t0
+                audit(inventory, res.host, "rollback", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
+                outcome.results.append(res)
     outcome.halted = any(r.result != "ok" for r in outcome.results)
     return outcome

@@ -101,6 +101,14 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
             lines = e.lines()
             r.release = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
             r.lines = unit_lines(lines, time.time()) + [ln for ln in lines if ln.startswith(("weights ", "download "))]
+            data = datas[h]
+            members = data.get("serving_group_members") if data.get("serving_group") else None
+            if isinstance(members, list):
+                rank = members.index(h) if h in members else -1
+                r.lines.insert(0, f"serving group {data['serving_group']}: rank {rank} "
+                                  f"({'head' if rank == 0 else 'worker'}) of {', '.join(members)}; the head's "
+                                  "health is the group's")
             if h in facts and not r.problems:
-                r.planned = planned_release(h, facts[h], datas[h])
+                peers = {m: facts[m] for m in members if m in facts} if isinstance(members, list) else None
+                r.planned = planned_release(h, facts[h], data, peers=peers)
     return [result[h] for h in datas]

@@ -331,6 +331,8 @@ def main(argv):
     world = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1)
     check_gpus(world // group[2] if group and (args.nnodes or 1) > 1 else (args.tensor_parallel_size or 1))
     if group and group[3] > 0:  # a headless node: no API; it lives as long as its link to the head
+        # docker stop: leave at once (PID 1 in the container ignores SIGTERM without a handler)
+        signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
         worker_rendezvous(group[0], group[1], group[3], group_shape(args))
         return
     server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
