@@ -76,11 +76,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def send(self, code, body, ctype="application/json"):
         data = body if isinstance(body, bytes) else (json.dumps(body) if not isinstance(body, str) else body).encode()
-        self.send_response(code)
-        self.send_header("content-type", ctype)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a health checker (HAProxy) that hung up once it had the status line, as uvicorn ignores it
 
     def authorised(self):
         key = os.environ.get("VLLM_API_KEY")
