@@ -401,6 +401,10 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
         return d
     d.settings = s
     if s["serving_group"]:
+        if facts.get("commits"):  # the revision was a branch or tag, resolved by this member alone
+            d.refusals.append(f"serving_group {s['serving_group']}: pin the model revision to a 40-hex commit; "
+                              "every member must load the same snapshot, and a branch is resolved by each member "
+                              "on its own")
         d.refusals += group_differences(s, {m: v for m, v in (peer_data or {}).items() if m != host})
         if d.refusals:
             return d

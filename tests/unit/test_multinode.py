@@ -181,6 +181,14 @@ def test_members_with_different_settings_are_refused():
     assert ok.ok, ok.refusals
 
 
+def test_a_group_needs_a_pinned_commit():
+    ps = peers()
+    f = dict(ps["a100-1"], commits={("https://huggingface.co", SVL["catalog"], "main"): {"sha": REV}})
+    d = desired.build("a100-1", group(model={"catalog": "nemotron-3.5-super-vl-bf16", "revision": "main"}), f,
+                      SECRETS, peers=ps)
+    assert not d.ok and "serving_group svl: pin the model revision to a 40-hex commit" in " ".join(d.refusals)
+
+
 def test_hostile_group_values_are_refused_by_the_schema():
     for bad in ({"serving_group": "svl; rm -rf /"}, {"serving_group_members": ["a100-1"]},
                 {"serving_group_members": ["a100-1", "a b"]}, {"serving_group_interface": "eth0 -v"},
