@@ -1,6 +1,11 @@
-"""Benchmark: nemofleet vs an equivalent Ansible playbook on the same testbed hosts.
+"""Benchmark: controller scale (5 to 100 hosts) and nemofleet vs an equivalent Ansible playbook.
 
-    make bench            # BENCH_SIZES=1,5,10,20 BENCH_REPS=3 by default
+    make bench            # BENCH_SIZES=20 BENCH_REPS=3 by default
+
+First bench/scale.py (its own light scale testbed, nf-scale: no-op wall time, controller CPU and
+remote commands per host for BENCH_SCALE_SIZES=5,20,50,100 hosts; torn down after, BENCH_SCALE=0
+skips it), then the Ansible comparison below on full test hosts. `BENCH_SIZES=1,5,10,20
+BENCH_ANSIBLE_FIRST=5,20` gives the longer comparison of the README's first table.
 
 For each fleet size N (fresh hosts of a testbed of its own, 1x H200 profile each):
   (a) first converge: nemofleet on fresh hosts; Ansible on re-created fresh hosts
@@ -189,9 +194,20 @@ def med(runs):
 
 
 def main() -> int:
-    sizes = [int(x) for x in os.environ.get("BENCH_SIZES", "1,5,10,20").split(",")]
+    sizes = [int(x) for x in os.environ.get("BENCH_SIZES", "20").split(",") if x]
     reps = int(os.environ.get("BENCH_REPS", "3"))
-    ansible_first = {int(x) for x in os.environ.get("BENCH_ANSIBLE_FIRST", "5,20").split(",") if x}
+    ansible_first = {int(x) for x in os.environ.get("BENCH_ANSIBLE_FIRST", "").split(",") if x}
+    scale_table = ""
+    if os.environ.get("BENCH_SCALE", "1") == "1":
+        # a process of its own: its testbed (names, ports, directory) is not this one's
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NEMOFLEET_TESTBED_")}
+        p = subprocess.run([sys.executable, str(ROOT / "bench" / "scale.py")], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           text=True)
+        if p.returncode:
+            log(f"bench/scale.py failed (rc={p.returncode})")
+            return p.returncode
+        scale_table = p.stdout.strip()
+        print(scale_table, flush=True)
     ensure_ansible()
     results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores, "
                f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
@@ -238,6 +254,8 @@ def main() -> int:
         for h in list(state.get("hosts", {})):
             testbed.destroy_host(h)
     save(results)
+    if scale_table:
+        print(scale_table + "\n")
     print(table(results))
     return 0
 

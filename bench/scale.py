@@ -1,18 +1,22 @@
-"""Controller scale: a no-op run's wall time and controller CPU as the fleet grows.
+"""Controller scale: a no-op run's wall time and controller CPU as the fleet grows, 5 to 100 hosts.
 
-    .venv/bin/python bench/scale.py            # BENCH_SCALE_SIZES=5,10,20 BENCH_REPS=3
+    .venv/bin/python bench/scale.py            # BENCH_SCALE_SIZES=5,20,50,100 BENCH_REPS=3
 
-One testbed of its own (nf-bench, the 1x H200 bench profile of bench/run.py) with the largest
-size's hosts, converged once; then for each size N the no-op re-run of its first N hosts,
-BENCH_REPS times: median wall time, controller CPU (user+sys of the pyinfra process) and remote
-commands per host (from a -vv run). These are full test hosts (systemd, sshd, cron, dockerd, a
-stand-in vLLM container each), so 20 is about what 2 cores and 24 GiB start in reasonable time;
-the per-host slope is what extrapolates. Results: bench/results/scale.json and a table.
+On the light scale testbed (nemofleet.testbed.scale: systemd, sshd, cron and the simulated GPU
+tools per host, containers in one shared engine; a testbed of its own, nf-scale, ports 23701+),
+brought up and converged once by the real deploy for the largest size; then for each size N the
+no-op re-run of its first N hosts (`pyinfra -y inventories/testbed.py deploys/nemotron.py`),
+BENCH_REPS times: median wall time, controller CPU (user+sys of the pyinfra process), the whole
+machine's busy CPU over the run (/proc/stat; the rest is the hosts' own work: their sshd, docker
+CLI, simulated nvidia-smi, plus anything else running on the machine), the 1-minute load average
+before the run, and remote commands per host (from a -vv run). Results: bench/results/scale.json
+and a table. BENCH_KEEP=1 keeps the testbed up afterwards.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -20,52 +24,138 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (same testbed, profile and counting as bench/run.py)
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("NEMOFLEET_TESTBED_NAME", "nf-scale")
+os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-scale"))
+os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "23701")
+os.environ["PYINFRA_PROGRESS"] = "off"
+sys.path.insert(0, str(ROOT / "src"))
 
-ROOT = bench.ROOT
+from nemofleet import testbed  # noqa: E402
+from nemofleet.testbed import scale  # noqa: E402
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-def noop(hosts: list[str]) -> dict:
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def busy_cpu() -> float:
+    """Seconds of CPU the whole machine spent busy so far (/proc/stat: all but idle and iowait)."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return (sum(f) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def load1() -> float:
+    return float(open("/proc/loadavg").read().split()[0])
+
+
+def quiet(window: float = 2.0, wait: float = 90.0) -> float:
+    """Cores busy with other work just before a run (/proc/stat over `window` s, after the hosts
+    settled from the previous run); waits up to `wait` s for it to fall below 0.5 core."""
+    deadline = time.monotonic() + wait
+    while True:
+        b0, t0 = busy_cpu(), time.monotonic()
+        time.sleep(window)
+        busy = (busy_cpu() - b0) / (time.monotonic() - t0)
+        if busy < 0.5 or time.monotonic() > deadline:
+            return round(busy, 2)
+
+
+def noop(hosts: list[str], verbose: bool = False) -> dict:
     env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy_before = quiet()
+    load = load1()
+    before, machine = resource.getrusage(resource.RUSAGE_CHILDREN), busy_cpu()
     t0 = time.monotonic()
-    p = subprocess.run([bench.PYINFRA, "-y", "inventories/testbed.py", "deploys/nemotron.py"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([PYINFRA, "-y", *(["-vv"] if verbose else []), "inventories/testbed.py", "deploys/nemotron.py"],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    machine = busy_cpu() - machine
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    changed = "Grand total" in p.stdout and not p.stdout.split("Grand total", 1)[1].split()[1] == "-"
-    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "rc": p.returncode, "changed": changed}
+    out = p.stdout + p.stderr
+    grand = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
+    r = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "machine_cpu_s": round(machine, 2), "load1_before": load, "busy_cores_before": busy_before,
+         "rc": p.returncode, "changed": bool(grand and grand.group(2) != "-"), "errors": bool(grand and grand.group(3) != "-")}
+    if verbose:
+        count: dict[str, int] = {}
+        for line in out.splitlines():
+            m = re.match(r"^\[([^\]]+)\] >>> ", line)
+            if m:
+                count[m.group(1)] = count.get(m.group(1), 0) + 1
+        r["commands_per_host"] = {"max": max(count.values()), "mean": round(statistics.mean(count.values()), 2),
+                                  "hosts": len(count)} if count else {}
+    if p.returncode:
+        log(f"pyinfra rc={p.returncode}:\n{out[-3000:]}")
+    return r
+
+
+def ensure(n: int) -> list[str]:
+    hosts = [scale.name(i) for i in range(1, n + 1)]
+    state = testbed.read_state().get("hosts", {})
+    if all(h in state for h in hosts):
+        scale.up(n)  # starts anything stopped; creates nothing that is there
+        missing = scale._unconverged(hosts)
+    else:
+        t0 = time.monotonic()
+        scale.up(n)
+        log(f"{n} light host(s) up in {time.monotonic() - t0:.0f}s")
+        missing = hosts
+    if missing:
+        t0 = time.monotonic()
+        scale.converge(missing)
+        log(f"first converge of {len(missing)} light host(s): {time.monotonic() - t0:.0f}s")
+    return hosts
 
 
 def main() -> int:
-    sizes = [int(x) for x in os.environ.get("BENCH_SCALE_SIZES", "5,10,20").split(",")]
+    sizes = [int(x) for x in os.environ.get("BENCH_SCALE_SIZES", "5,20,50,100").split(",")]
     reps = int(os.environ.get("BENCH_REPS", "3"))
-    hosts = bench.fresh(max(sizes))
-    t0 = time.monotonic()
-    first = bench.nemofleet(hosts)
-    bench.log(f"first converge of {len(hosts)} host(s): {time.monotonic() - t0:.0f}s rc={first['rc']}")
-    out = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} cores", "sizes": {}}
+    hosts = ensure(max(sizes))
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores, "
+           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+           "testbed": "light scale hosts (nemofleet.testbed.scale): own systemd, sshd, cron, simulated GPU tools; "
+                      "containers in one shared engine", "sizes": {}}
+    noop(hosts[:1])  # warm the page cache and the controller's byte-compiled files
     for n in sizes:
         runs = [noop(hosts[:n]) for _ in range(reps)]
-        execs = bench.nemofleet(hosts[:n], verbose=True)["execs_per_host"]
-        out["sizes"][str(n)] = {"noop_wall_s": statistics.median(r["wall_s"] for r in runs),
-                                "noop_cpu_s": statistics.median(r["cpu_s"] for r in runs),
-                                "changed": any(r["changed"] for r in runs), "remote_commands_per_host": execs,
-                                "runs": runs}
-        bench.log(json.dumps({n: out["sizes"][str(n)]}))
+        counted = noop(hosts[:n], verbose=True)
+        out["sizes"][str(n)] = {
+            "noop_wall_s": statistics.median(r["wall_s"] for r in runs),
+            "noop_cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "machine_cpu_s": statistics.median(r["machine_cpu_s"] for r in runs),
+            "load1_before": [r["load1_before"] for r in runs],
+            "busy_cores_before": [r["busy_cores_before"] for r in runs],
+            "changed": any(r["changed"] or r["errors"] or r["rc"] for r in runs + [counted]),
+            "remote_commands_per_host": counted.get("commands_per_host", {}), "runs": runs}
+        log(json.dumps({n: {k: v for k, v in out["sizes"][str(n)].items() if k != "runs"}}))
+    lo, hi = out["sizes"][str(min(sizes))], out["sizes"][str(max(sizes))]
+    out["ratio_20_over_5"] = round(out["sizes"]["20"]["noop_wall_s"] / out["sizes"]["5"]["noop_wall_s"], 2) \
+        if "20" in out["sizes"] and "5" in out["sizes"] else None
+    out["ratio_max_over_min"] = round(hi["noop_wall_s"] / lo["noop_wall_s"], 2)
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "scale.json").write_text(json.dumps(out, indent=2))
-    print(f"{'hosts':>5} {'no-op wall':>11} {'cpu':>7} {'cmds/host':>10}")
-    for n, r in out["sizes"].items():
-        print(f"{n:>5} {r['noop_wall_s']:10.2f}s {r['noop_cpu_s']:6.2f}s {r['remote_commands_per_host']:>10}")
-    lo, hi = str(min(sizes)), str(max(sizes))
-    print(f"{hi}-host / {lo}-host no-op wall: {out['sizes'][hi]['noop_wall_s'] / out['sizes'][lo]['noop_wall_s']:.2f}")
+    print(table(out))
     if os.environ.get("BENCH_KEEP") != "1":
-        for h in hosts:
-            bench.testbed.destroy_host(h)
+        scale.down()
     return 0
+
+
+def table(out: dict) -> str:
+    lines = [f"controller scale, no-op re-run, {out['date']}, {out['machine']}, {out['testbed']}", "",
+             "| hosts | no-op wall | controller CPU | machine CPU (all processes) | remote commands per host | "
+             "cores busy before (2 s) | load (1 min) before |",
+             "|---|---|---|---|---|---|---|"]
+    for n, r in out["sizes"].items():
+        c = r["remote_commands_per_host"]
+        lines.append(f"| {n} | {r['noop_wall_s']:.2f} s | {r['noop_cpu_s']:.2f} s | {r['machine_cpu_s']:.2f} s | "
+                     f"{c.get('max', '?')} | {', '.join(f'{x:.2f}' for x in r['busy_cores_before'])} | "
+                     f"{', '.join(f'{x:.2f}' for x in r['load1_before'])} |")
+    if out.get("ratio_20_over_5"):
+        lines.append(f"\n20-host / 5-host no-op wall: {out['ratio_20_over_5']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
