@@ -93,6 +93,19 @@ def desired() -> Desired:
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
                         for e, r, v in to_resolve(d)}
     peers, peer_data = group_peers(d)
+    if peers is not None:
+        # a worker checks, before anything changes, that the head answers on the rendezvous port
+        # (an answer, even "refused" before the head runs, proves the route; silence is a firewall)
+        from .facts.network import TcpReach
+        from .multinode import head_probe
+
+        try:
+            target = head_probe(host.name, settings_mod.parse(d), {**peers, host.name: facts})
+        except settings_mod.SettingsError:
+            target = None  # refused with its sentences by preflight
+        if target:
+            facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
+                                   "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
     return build(host.name, d, facts, read_secrets(d), operator=operator(),
                  lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups,
                  peers=peers, peer_data=peer_data)

@@ -32,6 +32,20 @@ _PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni
 MAX_NODES = 16
 
 
+def head_probe(host: str, s, peers: dict | None) -> tuple[str, int] | None:
+    """(head address, rendezvous port) a worker checks it can reach before anything changes, or
+    None (not a worker, or the head's address cannot be known: the plan refuses that itself)."""
+    members = s["serving_group_members"] or []
+    if not s["serving_group"] or host not in members or host == members[0]:
+        return None
+    head = (peers or {}).get(members[0]) or {}
+    where = member_address(head.get("addresses") or {}, s)
+    if isinstance(where, str):
+        return None
+    port = s["serving_group_dp_rpc_port"] if s["serving_group_parallel"] == "dp" else s["serving_group_master_port"]
+    return where[1], port
+
+
 def member_address(addresses: dict, s) -> tuple[str, str] | str:
     """(interface, address) this member uses for group traffic, or one sentence why none.
     An address inside serving_group_network on serving_group_interface (or on any interface that
@@ -136,6 +150,11 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
         raise PlanError(f"serving_group {name}: {s['vllm_image']} is a different image on "
                         f"{', '.join(m for m in members if images[m] and images[m] != images[head]) or 'a member'} "
                         "than on the head (re-pull it everywhere, or pin the image by digest)")
+    reach = (peers.get(host) or {}).get("head_reach")
+    if reach and reach.get("state") == "silent":
+        raise PlanError(f"serving_group {name}: this host gets no answer from the head {head} at {reach['target']} "
+                        f"within 3 s (a firewall drops it, or there is no route): open TCP {reach['target'].rsplit(':', 1)[1]} "
+                        "and NCCL's ports between the members (or set serving_group_interface to the network they share)")
     gpus = shapes[host]
     n_nodes, per_node = len(members), len(gpus)
     try:
@@ -191,6 +210,8 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                      address=addrs[host][1], interface=addrs[host][0], port=port,
                      join_timeout=s["serving_group_join_timeout"])
     choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
+    if reach:
+        choice += f" (reachable from here: {reach['state']})"
     flags = _flags(ctx, arch, tp, seqs, batched, more)
     _validate(ctx, flags)
     inst = Instance(name=f"{s['instance_prefix']}{name}", gpus=gpus, host_port=s["port_base"], tp=tp,

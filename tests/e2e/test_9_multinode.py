@@ -89,9 +89,13 @@ def test_group_converges_with_a_real_rendezvous_and_changes_nothing_twice(group)
     assert health(HEAD).returncode == 0 and health(WORKER).returncode == 0
     prom = on(HEAD, "cat /var/lib/prometheus/node-exporter/nemofleet.prom").stdout
     assert 'nemofleet_serving_group_member_up{group="mn",role="head",rank="0",instance="nemotron-mn"} 1' in prom
-    # Molecule's idempotence step
-    second = pyinfra(hosts=MEMBERS)
+    # Molecule's idempotence step, and what it costs: each member's HostFacts and read-ahead batch,
+    # its HostFacts again for the other member's plan, and the worker's probe of the head's port
+    second = pyinfra(hosts=MEMBERS, extra=["-vv"])
     assert second.rc == 0 and second.changed() == [], second.changed()
+    for h, most in ((HEAD, 3), (WORKER, 4)):
+        sent = [ln for ln in second.out.splitlines() if ln.startswith(f"[{h}] >>> ")]
+        assert len(sent) <= most, "\n".join(x[:160] for x in sent)
 
 
 def test_one_member_alone_is_refused_and_changes_nothing(group):
@@ -101,6 +105,22 @@ def test_one_member_alone_is_refused_and_changes_nothing(group):
     assert "mn-1 is not part of this run (deploy every member of mn together: --limit mn-1,mn-2)" in r.out, r.out[-3000:]
     assert r.changed() == []
     assert on(WORKER, f"systemctl show -p ActiveEnterTimestamp --value {UNIT}").stdout == before
+
+
+def test_a_worker_that_cannot_reach_the_head_is_refused_before_anything_changes(group):
+    """A firewall that drops the rendezvous port (new connections only: the running group keeps
+    its link) is found by the worker's preflight probe, in one sentence; nothing changes."""
+    rule = f"OUTPUT -p tcp --syn -d {address(HEAD)} --dport 29501 -j DROP"
+    on(WORKER, f"iptables -I {rule}")
+    try:
+        r = pyinfra(hosts=MEMBERS)
+    finally:
+        on(WORKER, f"iptables -D {rule}")
+    assert r.rc != 0
+    assert f"serving_group mn: this host gets no answer from the head mn-1 at {address(HEAD)}:29501 within 3 s" in r.out
+    assert r.changed() == [], r.changed()
+    ok = pyinfra(hosts=MEMBERS)
+    assert ok.rc == 0 and ok.changed() == [], ok.out[-3000:]
 
 
 def test_a_lost_member_takes_the_group_down_until_it_is_back(group):

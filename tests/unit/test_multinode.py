@@ -147,6 +147,30 @@ def test_group_refusals_are_one_sentence(ps, data, words):
     assert words in why, why
 
 
+def test_worker_that_gets_no_answer_from_the_head_is_refused():
+    s = settings.parse(group())
+    assert multinode.head_probe("a100-2", s, peers()) == ("10.0.0.1", 29501)
+    assert multinode.head_probe("a100-1", s, peers()) is None  # the head probes nobody
+    assert multinode.head_probe("a100-2", settings.parse(group(serving_group_parallel="dp")), peers()) == ("10.0.0.1", 13345)
+    ps = peers()
+    ps["a100-2"]["head_reach"] = {"target": "10.0.0.1:29501", "state": "silent"}
+    why = refusal("a100-2", None, ps)
+    assert "gets no answer from the head a100-1 at 10.0.0.1:29501 within 3 s" in why and "open TCP 29501" in why
+    ps["a100-2"]["head_reach"] = {"target": "10.0.0.1:29501", "state": "refused"}  # answered: nothing listens yet
+    assert "(reachable from here: refused)" in plan_of("a100-2", None, ps).choices[0]
+
+
+def test_tcp_reach_fact():
+    from nemofleet.facts.network import TcpReach
+
+    cmd = TcpReach().command("10.0.0.1", 29501)
+    assert cmd.startswith("if timeout 3 bash -c \"exec 3<>'/dev/tcp/10.0.0.1/29501'\"") or "/dev/tcp/10.0.0.1/29501" in cmd
+    assert [TcpReach().process([w]) for w in ("open", "refused", "silent", "junk")] == ["open", "refused", "silent", None]
+    # against loopback only: a closed port answers "refused"
+    assert subprocess.run(["bash", "-c", TcpReach().command("127.0.0.1", 9)], capture_output=True,
+                          text=True).stdout.strip() == "refused"
+
+
 def test_public_rendezvous_only_when_told():
     ps = {"a100-1": member("203.0.113.7"), "a100-2": member("203.0.113.8")}
     assert "not encrypted" in refusal("a100-1", None, ps)
