@@ -152,8 +152,27 @@ def ansible_inventory(hosts) -> Path:
                              {"path": "/etc/cron.d/nemofleet-health", "content": f["/etc/cron.d/nemofleet-health"], "mode": "0644"}],
         }
     inv = {"all": {"vars": common, "hosts": per_host}}
-    p = testbed.testbed_dir() / "ansible-inventory.json"
-    p.write_text(json.dumps(inv))
+    # YAML with every string tagged !unsafe: file contents (a health script's `${#x}`) are data,
+    # never Jinja2 templates for Ansible to render
+    import yaml
+
+    class Unsafe(str):
+        pass
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(Unsafe, lambda d, v: d.represent_scalar("!unsafe", str(v), style="|" if "\n" in v else None))
+
+    def mark(v):
+        if isinstance(v, dict):
+            return {k: mark(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [mark(x) for x in v]
+        return Unsafe(v) if isinstance(v, str) and any(c in v for c in "{%#") else v
+
+    p = testbed.testbed_dir() / "ansible-inventory.yml"
+    p.write_text(yaml.dump(mark(inv), Dumper=Dumper, sort_keys=False))
     return p
 
 
