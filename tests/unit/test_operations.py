@@ -83,3 +83,30 @@ def test_every_operation_has_a_no_op_and_a_change_case():
         ops += [f"{mod.stem}.{n}" for n, f in vars(m).items() if hasattr(f, "_inner") and f.__module__ == m.__name__]
     missing = [o for o in ops if ({"change"} if o in ALWAYS_CHANGE else {"noop", "change"}) - have.get(o, set())]
     assert not missing, f"operations without a no-op and a change fixture: {missing}"
+
+
+def test_restart_returns_only_once_the_old_processes_are_gone(tmp_path):
+    """units.running's restart: a readiness check after it cannot be answered by the old server.
+    A stub systemctl whose units change MainPID a second after the restart (one was not running)."""
+    import os
+    import subprocess
+    import time
+
+    from nemofleet.operations.units import RESTART_SCRIPT
+
+    stub = tmp_path / "systemctl"
+    stub.write_text(f"""#!/bin/sh
+d={tmp_path}
+case "$1" in
+  show) cat "$d/$5" ;;
+  restart) shift 2; for u in "$@"; do ( sleep 1; echo 9$u > "$d/$u" ) & done ;;
+esac
+""")
+    stub.chmod(0o755)
+    (tmp_path / "a").write_text("11\n")
+    (tmp_path / "b").write_text("0\n")
+    t0 = time.time()
+    r = subprocess.run(["sh", "-c", RESTART_SCRIPT, "restart", "a", "b"], env=dict(os.environ, PATH=f"{tmp_path}:/usr/bin:/bin"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert time.time() - t0 >= 0.9 and (tmp_path / "a").read_text().strip() == "9a"

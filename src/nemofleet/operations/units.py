@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
@@ -9,6 +11,23 @@ from ..facts.units import UnitStates
 from ..facts.prefetch import fact
 
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
+
+# Restart the units without waiting for each start (they load in parallel), but return only once
+# every one of them has left its old process: a readiness check right after must not be answered
+# by the old server, still up until systemd's stop reaches it (at most RESTART_WAIT s).
+RESTART_WAIT = 180
+RESTART_SCRIPT = (
+    'old=""; for u in "$@"; do old="$old $(systemctl show -p MainPID --value "$u")"; done; '
+    'systemctl restart --no-block "$@" || exit 1; end=$(( $(date +%s) + ' + str(RESTART_WAIT) + ' )); '
+    'for u in "$@"; do set -- $old; p=$1; shift; old="$*"; '
+    'while [ "$p" != 0 ] && [ "$(systemctl show -p MainPID --value "$u")" = "$p" ]; do '
+    '[ $(date +%s) -lt $end ] || { echo "$u still runs its old process $p after ' + str(RESTART_WAIT) + ' s" >&2; exit 1; }; '
+    'sleep 0.5; done; done')
+
+
+def restart_command(units: list[str]) -> StringCommand:
+    """`systemctl restart --no-block UNITS`, returning once each has left its old main process."""
+    return StringCommand("sh", "-c", shlex.quote(RESTART_SCRIPT), "restart", *units)
 
 
 def running_reads(units) -> tuple:
@@ -25,7 +44,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
     the deploy restarts it through the front door's drain, one at a time."""
     st = fact(*running_reads(units))
     stale = sorted(set(st["files"]) - set(units))
-    cmds = []
+    cmds, restart = [], []
     if stale:
         cmds.append(StringCommand("systemctl", "disable", "--now", *stale))
         cmds.append(StringCommand("rm", "-f", *[f"{unit_dir}/{u}" for u in stale]))
@@ -40,7 +59,9 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
             if deferred is not None:
                 deferred.add(u)
             else:
-                cmds.append(StringCommand("systemctl", "restart", "--no-block", u))
+                restart.append(u)
+    if restart:
+        cmds.append(restart_command(restart))
     if not cmds:
         host.noop(f"{len(units)} vLLM unit(s) enabled and active")
         return
