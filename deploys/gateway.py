@@ -6,6 +6,6 @@ Its backends are `gateway_backends` (group_data/gateway.py): each GPU host's fro
 instance port of a single-instance host. An unhealthy host is ejected and taken back by /health
 checks; the fleet's API key is checked here and again on each host. See docs/gateway.md.
 """
-from nemofleet.gateway import gateway
+from nemofleet.deploy import gateway
 
 gateway()

@@ -57,29 +57,38 @@ def _facts_file(path: str) -> dict:
 
 
 def cmd_plan(a) -> int:
-    from . import preflight as checks
-
-    from .desired import group_problems
+    """What the deploy would apply, per host: the same decision (desired.decide over the same
+    HostInputs, a serving group planned from all its members' facts), shown before it runs."""
+    from . import inputs
+    from .desired import decide
     from .facts.host import facts_file_problem
     from .fleet import driver
 
     facts = _facts_file(a.facts) if a.facts else gather_facts(a.inventory, a.limit)
     datas = host_data(a.inventory, a.limit)
     groups = driver.host_groups(a.inventory, a.limit)
+    if not a.facts:
+        commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: inputs.to_resolve(d) for h, d in datas.items()
+                                                                       if h in facts})[0] or {}
+        facts = {h: dict(f, commits=commits[h]) if h in commits and isinstance(f, dict) else f for h, f in facts.items()}
     result, rc = {}, 0
     for name, data in datas.items():
         f = facts.get(name)
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
-        refused, warned = group_problems(groups.get(name), f if isinstance(f, dict) else {})
-        if why or refused:
-            result[name] = {"refused": [why] if why else refused, "warnings": warned}
+        if why:
+            result[name] = {"refused": [why], "warnings": []}
             rc = 1
             continue
-        v = checks.check(name, f, data)
-        if v.refusals:
+        members = data.get("serving_group_members") if data.get("serving_group") else None
+        peers = {m: facts.get(m) or {"absent": "has no facts (unreachable, or not in the facts file)"}
+                 for m in members if m != name} if isinstance(members, list) else None
+        peer_data = {m: datas[m] for m in members if m in datas and m != name} if isinstance(members, list) else None
+        d = decide(inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
+                               operator=driver.operator(), peers=peers, peer_data=peer_data))
+        if d.refusals:
             rc = 1
-        result[name] = {"refused": v.refusals, "warnings": warned + v.warnings,
-                        "plan": v.plan.to_dict() if v.plan else None}
+        result[name] = {"refused": d.refusals, "warnings": d.warnings,
+                        "plan": d.plan.to_dict() if d.plan else None}
     if a.json:
         print(json.dumps(result, indent=2))
         return rc

@@ -14,9 +14,11 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, paths
+from . import bootstrap, paths, render
 from . import settings as settings_mod
-from .desired import SECRET_KEYS, Desired, build, to_resolve
+from . import inputs
+from .desired import Desired, decide
+from .inputs import HostInputs
 from .facts.host import HostFacts
 from .facts import prefetch
 from .facts.weights import HubCommit
@@ -35,8 +37,8 @@ def data(of=None) -> dict:
 
 
 def _host_facts(h, d: dict) -> dict:
-    return h.get_fact(HostFacts, models_root=d.get("models_root") or settings_mod.BY_NAME["models_root"].default,
-                      image=d.get("vllm_image") or settings_mod.DEFAULT_IMAGE)
+    """HostFacts of host `h`, read for the image it will really pull (after the registry rewrite)."""
+    return h.get_fact(HostFacts, **inputs.facts_args(d))
 
 
 def group_peers(d: dict) -> tuple[dict | None, dict | None]:
@@ -53,7 +55,7 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
             continue
         other = state.inventory.get_host(name, None)
         if other is None:
-            peers[name] = {"absent": f"is not a host of this inventory"}
+            peers[name] = {"absent": "is not a host of this inventory"}
             continue
         if not state.is_host_in_limit(other):
             continue
@@ -65,33 +67,19 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
     return peers, peer_data
 
 
-def read_secrets(d: dict) -> dict:
-    """Secret values from host data or from their files on the controller (never logged)."""
-    out = {}
-    for name in SECRET_KEYS:
-        value = d.get(name)
-        path = d.get(f"{name}_file", settings_mod.BY_NAME[f"{name}_file"].default
-                     if f"{name}_file" in settings_mod.BY_NAME else None)
-        if not value and isinstance(path, str) and path:
-            try:
-                with open(os.path.expanduser(path)) as f:
-                    value = f.read().strip()
-            except OSError:
-                value = None
-        out[name] = value or None
-    return out
-
-
 def operator() -> str:
     return f"{os.environ.get('NEMOFLEET_OPERATOR') or os.environ.get('USER') or 'root'}@{os.uname().nodename}"
 
 
-def desired() -> Desired:
+def host_inputs() -> HostInputs:
+    """This host's HostInputs, read from pyinfra: host data, HostFacts for the image it pulls, the
+    commits of unpinned revisions (asked from the host), the serving group's peers, the
+    secrets from the controller, the lock token of this run, the host's groups."""
     d = data()
     facts = _host_facts(host, d)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
-                        for e, r, v in to_resolve(d)}
+                        for e, r, v in inputs.to_resolve(d)}
     peers, peer_data = group_peers(d)
     if peers is not None:
         # a worker checks, before anything changes, that the head answers on the rendezvous port
@@ -99,16 +87,18 @@ def desired() -> Desired:
         from .facts.network import TcpReach
         from .multinode import head_probe
 
-        try:
-            target = head_probe(host.name, settings_mod.parse(d), {**peers, host.name: facts})
-        except settings_mod.SettingsError:
-            target = None  # refused with its sentences by preflight
+        s = inputs.parse_or_none(d)
+        target = head_probe(host.name, s, {**peers, host.name: facts}) if s is not None else None
         if target:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
-    return build(host.name, d, facts, read_secrets(d), operator=operator(),
-                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups,
-                 peers=peers, peer_data=peer_data)
+    return inputs.make(host.name, d, facts, inputs.read_secrets(d), groups=host.groups, operator=operator(),
+                       lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(),
+                       peers=peers, peer_data=peer_data)
+
+
+def desired() -> Desired:
+    return decide(host_inputs())
 
 
 @deploy("nemofleet preflight")
@@ -167,7 +157,9 @@ def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set 
 
 
 @deploy("nemofleet serving")
-def serve(want: Desired, daemon_changed: set | None = None) -> None:
+def serve(want: Desired, daemon_changed: set | None = None):
+    """The units, their starts and ready wait, the release record; returns the `units.running`
+    operation (its did_change says whether an instance was (re)started by this run)."""
     # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
     # whenever this run rewrote daemon.json (e.g. repaired a drifted cgroup driver).
     probe_gpu_access(want, want.gpu_access_record, force=daemon_changed if daemon_changed is not None else False)
@@ -204,12 +196,13 @@ def serve(want: Desired, daemon_changed: set | None = None) -> None:
     weights.pruned(name="Weights no release on this host uses", directories=want.prune)
     for line in want.frontend_lines:
         host.log(line, logger.info)
+    return running
 
 
 def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None) -> None:
     """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
     (never restarted) only when its config or keys changed. The same steps set up a host's front
-    door and the fleet gateway (nemofleet.gateway, label "Gateway")."""
+    door and the fleet gateway (`gateway()` below, label "Gateway")."""
     packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
     door_changed: set = set()
     if want.front_door_files:
@@ -230,16 +223,23 @@ def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | Non
 
 
 @deploy("nemofleet health")
-def health(want: Desired) -> None:
-    files.managed(name="Health check script and cron", files=want.health_files)
+def health(want: Desired, started=None) -> None:
+    """The health script and its cron line; when this run (re)started an instance or changed the
+    script, one health run now (under the cron's lock, bounded), so `nemofleet status` shows the
+    instances' health and load right after a converge instead of after cron's first run. A
+    converged re-run changes nothing here and runs nothing."""
+    changed: set = set()
+    files.managed(name="Health check script and cron", files=want.health_files, changed=changed)
+    server.shell(name="First health check (metrics for nemofleet status)",
+                 commands=[render.first_health_check()],
+                 _if=lambda: bool(changed) or bool(started is not None and started.did_change()))
 
 
 def nemotron() -> None:
     """The main job: fresh GPU hosts to serving; a converged host changes nothing."""
-    from .gateway import GROUP
-
-    if GROUP in (host.groups or ()):  # no GPUs there: deploys/gateway.py configures it
-        host.log(f"a host of group {GROUP}: deploys/gateway.py configures it; nothing to serve here", logger.info)
+    if inputs.GATEWAY_GROUP in (host.groups or ()):  # no GPUs there: deploys/gateway.py configures it
+        host.log(f"a host of group {inputs.GATEWAY_GROUP}: deploys/gateway.py configures it; nothing to serve here",
+                 logger.info)
         return
     try:
         s = settings_mod.parse(data())
@@ -286,8 +286,8 @@ def converge() -> None:
     prefetch.load(fact_reads(want))
     daemon_changed = configure_host(want)
     fetch_weights(want)
-    serve(want, daemon_changed)
-    health(want)
+    started = serve(want, daemon_changed)
+    health(want, started)
 
 
 def gpu_probe_only() -> None:
@@ -305,3 +305,34 @@ def preflight_only() -> None:
         p = want.plan
         host.log(f"preflight passed: {len(p.instances)} instance(s) of {p.model.key} "
                  f"(TP {p.instances[0].tp}, {p.instances[0].memory.summary()})", logger.info)
+
+
+# ---------------------------------------------------------------------------- the fleet gateway
+
+
+@deploy("nemofleet gateway preflight")
+def _gateway_preflight() -> Desired:
+    d = data()
+    want = decide(inputs.make(host.name, d, {}, inputs.read_secrets(d), groups=host.groups, operator=operator()))
+    preflight.verdict(name="Preflight: can this host be the gateway?", refusals=want.refusals)
+    return want
+
+
+@deploy("nemofleet gateway")
+def _gateway_configure(want: Desired) -> None:
+    prefetch.load([files.reads(want.front_door_secrets, want.secret_dirs), frontdoor.reads(paths.FRONT_DOOR_CFG)])
+    front_door(want, label="Gateway", secret_dirs=want.secret_dirs)
+    for line in want.frontend_lines:
+        host.log(line, logger.info)
+
+
+def gateway() -> None:
+    """deploys/gateway.py: configure the hosts of group `gateway` (HAProxy over gateway_backends,
+    desired._gateway decides it); any other host is left alone."""
+    if inputs.GATEWAY_GROUP not in (host.groups or ()):
+        host.log(f"not in inventory group {inputs.GATEWAY_GROUP}: deploys/gateway.py leaves this host alone",
+                 logger.info)
+        return
+    want = _gateway_preflight()
+    if not want.refusals:
+        _gateway_configure(want)

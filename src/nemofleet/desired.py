@@ -17,13 +17,12 @@ from . import paths, render, versions
 from . import preflight as checks
 from . import settings as settings_mod
 from .fleet import commands as fleet_commands
-from .fleet.lockinfo import lock_refusal
+from . import plan as planner
+from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
 from .plan import Plan, effective_cgroup_driver
 
 FileMap = dict  # {path: (content, mode)}
 
-# Secrets the controller reads for the host (values, never paths): see deploy.read_secrets().
-SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")
 
 
 @dataclass
@@ -265,45 +264,6 @@ def audit_command(operator: str, line: str) -> str:
 # ---------------------------------------------------------------------------- build
 
 
-def to_resolve(data: dict) -> list[tuple[str, str, str]]:
-    """(endpoint, repo, revision) of every revision this host's plan names that is not a 40-hex
-    commit: deploy asks the Hub (mirror) for each once, from the host (HubCommit), and `build`
-    plans with the commit, so a release, its weights directory and a rollback name one snapshot."""
-    try:
-        s = settings_mod.parse(data)
-        model = catalog.resolve(s["model"])
-    except (settings_mod.SettingsError, catalog.UnknownModel):
-        return []
-    endpoint = (s["hf_endpoint"] or "https://huggingface.co").rstrip("/")
-    return [(endpoint, model.repo, model.revision)] if not catalog.is_commit(model.revision) else []
-
-
-def _pin_revisions(data: dict, facts: dict, d: Desired) -> dict:
-    """Host data with the model's revision replaced by the commit HubCommit resolved it to."""
-    resolved = facts.get("commits") or {}
-    if not resolved:
-        return data
-    spec = data.get("model") or settings_mod.BY_NAME["model"].default
-    spec = {"catalog": spec} if isinstance(spec, str) else dict(spec)
-    for (endpoint, repo, rev), answer in resolved.items():
-        if "sha" in answer:
-            spec["revision"] = answer["sha"]
-            d.warnings.append(f"revision {rev!r} of {repo} is {answer['sha'][:12]} on {endpoint} now; this run "
-                              f"serves that commit (pin it in group data to skip the query)")
-        else:
-            d.refusals.append(f"could not resolve revision {rev!r} of {repo}: {answer['error']}; pin the model "
-                              "revision to a 40-hex commit or fix hf_endpoint")
-    return {**data, "model": spec}
-
-
-def _settings(host: str, data: dict, d: Desired) -> settings_mod.Settings | None:
-    try:
-        return settings_mod.parse(data)
-    except settings_mod.SettingsError as exc:
-        d.refusals += exc.problems
-        return None
-
-
 def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
     if not secrets.get("vllm_api_key"):
         d.refusals.append("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
@@ -315,44 +275,6 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
             why = settings_mod._check(key, value.strip() if name.endswith("_key") else value)
             if why:
                 d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
-
-
-# The GPU class groups of the inventory (group_data/gpu_<class>.py), as gpus.short_name() names them.
-GPU_CLASS_GROUPS = ("gpu_a10g", "gpu_l40s", "gpu_a100", "gpu_h100", "gpu_h200", "gpu_b200", "gpu_gh200", "gpu_gb200")
-
-
-def group_problems(groups, facts: dict) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) for the inventory groups a host is in. A misspelt class group
-    (`gpu_h10`) would silently drop that class's group data; a host listed twice in one group,
-    or in two class groups, has two definitions of which pyinfra keeps the last."""
-    import difflib
-
-    refusals, warnings = [], []
-    groups = list(groups or ())
-    for g in sorted({g for g in groups if groups.count(g) > 1}):
-        refusals.append(f"this host is listed {groups.count(g)} times in group {g}: pyinfra keeps the last "
-                        "definition's data; list it once")
-    for g in sorted(set(groups)):
-        if g.startswith("gpu_") and g not in GPU_CLASS_GROUPS:
-            close = difflib.get_close_matches(g, GPU_CLASS_GROUPS, n=1, cutoff=0.75)
-            if close:
-                refusals.append(f"group {g} is not a GPU class (did you mean {close[0]}?): group_data/{close[0]}.py "
-                                "does not apply to this host until the inventory names it right")
-            else:
-                warnings.append(f"group {g} is not a GPU class nemofleet knows ({', '.join(GPU_CLASS_GROUPS)}); "
-                                f"only its own group_data/{g}.py applies")
-    classes = sorted({g for g in groups if g in GPU_CLASS_GROUPS})
-    if len(classes) > 1:
-        refusals.append(f"this host is in {len(classes)} GPU class groups ({', '.join(classes)}): list it in one")
-    gpus = (facts.get("gpus") or {}).get("gpus") or []
-    if len(classes) == 1 and gpus:
-        from .gpus import short_name
-
-        have = sorted({short_name(g["name"]) for g in gpus})
-        if f"gpu_{have[0].lower()}" != classes[0] or len(have) > 1:
-            warnings.append(f"this host is in group {classes[0]} but its GPUs are {', '.join(have)}: "
-                            f"group_data/{classes[0]}.py applies to it; move it to its class group")
-    return refusals, warnings
 
 
 # Keys each member of a serving group may set on its own; every other key must be the same on all
@@ -383,35 +305,31 @@ def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
           lock_token: str | None = None, now: float = 0.0, groups=(), peers: dict | None = None,
           peer_data: dict | None = None) -> Desired:
-    """Everything this run should make true on `host`. Never raises for bad input: a host that
-    cannot serve comes back with `refusals` (one sentence each) and nothing else to apply.
-    `lock_token`/`now`: the deploy lock this run may hold, and the time (for the lock's expiry);
-    `groups`: the inventory groups the host is in (as pyinfra lists them, repeats included);
-    `peers`/`peer_data`: the HostFacts and host data of the other members of its multi-node
-    serving group (multinode.py), when it is in one."""
-    d = Desired(host=host, summary=checks.summary(facts))
-    d.refusals, d.warnings = group_problems(groups, facts)
-    locked = lock_refusal(facts.get("lock"), lock_token, now)
-    if locked:
-        d.refusals.append(locked)
-    for part, why in sorted((facts.get("errors") or {}).items()):
-        d.refusals.append(f"could not read {part} on this host: {why}")
-    s = _settings(host, _pin_revisions(data, facts, d), d)
+    """`decide()` over the HostInputs of these raw inputs (inputs.make: the one constructor)."""
+    return decide(make(host, data, facts, secrets, groups=groups, lock_token=lock_token, now=now,
+                       operator=operator, peers=peers, peer_data=peer_data))
+
+
+def decide(i: HostInputs) -> Desired:
+    """Everything this run should make true on host `i.name`: the one decision, used by the
+    deploy (and through it rollout, rollback and rebuild), `nemofleet plan` and `nemofleet status`.
+    Never raises for bad input: a host that cannot serve comes back with `refusals` (one sentence
+    each) and nothing else to apply."""
+    if GATEWAY_GROUP in i.groups:
+        return _gateway(i)
+    facts = i.facts
+    d = Desired(host=i.name, summary=checks.summary(facts))
+    d.refusals, d.warnings = list(i.refusals), list(i.warnings)
+    s = i.settings
     if s is None or d.refusals:
         return d
     d.settings = s
     if s["serving_group"]:
-        if facts.get("commits"):  # the revision was a branch or tag, resolved by this member alone
-            d.refusals.append(f"serving_group {s['serving_group']}: pin the model revision to a 40-hex commit; "
-                              "every member must load the same snapshot, and a branch is resolved by each member "
-                              "on its own")
-        d.refusals += group_differences(s, {m: v for m, v in (peer_data or {}).items() if m != host})
+        d.refusals += group_differences(s, dict(i.peer_data or {}))
         if d.refusals:
             return d
-    verdict = checks.check(host, facts, s, peers=peers)
-    d.refusals += verdict.refusals
-    d.warnings += verdict.warnings
-    d.daemon_json = docker_settings(s, verdict.plan, facts)
+    p = _plan(i, d)
+    d.daemon_json = docker_settings(s, p, facts)
     d.daemon_json_defaults = docker_defaults(s)
     try:
         from .operations.daemon_json import DaemonJsonError, validate_settings
@@ -427,14 +345,34 @@ def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "ro
     if facts["daemon_json"]["data"] is None:
         d.refusals.append(f"/etc/docker/daemon.json is {facts['daemon_json']['error']}; nemofleet leaves it "
                           "untouched: fix or remove it, then re-run")
-    if verdict.plan is not None:
-        _secrets_ok(s, secrets, d)
-    if verdict.plan is not None and front_door_wanted(s, verdict.plan):
-        d.refusals += front_door_refusals(s, verdict.plan, facts)
-    if d.refusals or verdict.plan is None:
+    if p is not None:
+        _secrets_ok(s, dict(i.secrets), d)
+    if p is not None and front_door_wanted(s, p):
+        d.refusals += front_door_refusals(s, p, facts)
+    if d.refusals or p is None:
         return d
-    _fill(d, s, verdict.plan, facts, secrets, operator)
+    _fill(d, s, p, facts, dict(i.secrets), i.operator)
     return d
+
+
+def _plan(i: HostInputs, d: Desired) -> Plan | None:
+    """The serving plan (plan.py) and the preflight checks over it (preflight.py); their
+    refusals and warnings go into `d`."""
+    s, facts = i.settings, i.facts
+    why = checks.gpu_refusal(facts["gpus"])
+    if why:
+        d.refusals.append(why)
+        return None
+    try:
+        p = planner.for_host(i.name, facts, s, i.group_facts)
+    except planner.PlanError as exc:
+        d.refusals.append(str(exc))
+        return None
+    d.warnings += p.warnings
+    refused, warned = checks.after_plan(facts, s, p)
+    d.refusals += refused
+    d.warnings += warned
+    return p
 
 
 def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: dict, operator: str) -> None:
@@ -544,9 +482,62 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
             "one endpoint per instance)")
 
 
-def planned_release(host: str, facts: dict, data: dict, peers: dict | None = None) -> str | None:
-    """The release id the inventory plans for a host (for `nemofleet status` drift), or None
-    when the host would be refused. Secrets do not enter the release id. `peers`: the HostFacts
-    of the members of its serving group, if it is in one."""
-    d = build(host, data, dict(facts, lock=None), {"vllm_api_key": "x" * 16}, peers=peers)
-    return d.release_id if d.ok else None
+# ---------------------------------------------------------------------------- the fleet gateway
+# A host of the inventory group `gateway` runs HAProxy from its distribution, like a GPU host's
+# front door and through the same steps (deploy.front_door, render.haproxy_config,
+# operations.frontdoor.configured): leastconn over `gateway_backends` (each GPU host's front door,
+# or the instance port of a single-instance host), /health checked every 2 s so a host that stops
+# answering is ejected after `gateway_fall` failures and taken back after `gateway_rise` passes,
+# every response observed (observe layer7), the fleet's API key checked here against a 0600 file
+# and again by each host. No GPU, driver or Docker is needed or checked on a gateway host
+# (docs/gateway.md).
+
+
+def gateway_binds(s: settings_mod.Settings) -> list[str]:
+    port, addr = s["gateway_port"], s["gateway_address"]
+    if addr == "0.0.0.0":
+        return [f"0.0.0.0:{port}"]
+    return [f"127.0.0.1:{port}"] + ([f"{render.url_host(addr)}:{port}"] if addr != "127.0.0.1" else [])
+
+
+def gateway_servers(s: settings_mod.Settings) -> list[tuple[str, str]]:
+    return [(b.get("name") or f"{b['host']}:{b['port']}", f"{render.url_host(b['host'])}:{b['port']}")
+            for b in s["gateway_backends"]]
+
+
+def gateway_config(host: str, s: settings_mod.Settings) -> str:
+    fall, rise = s["gateway_fall"], s["gateway_rise"]
+    header = [
+        f"Managed by nemofleet: the fleet gateway on {host} (rendered from gateway_backends; do not edit).",
+        "One OpenAI-compatible endpoint across the fleet's GPU hosts: least outstanding requests across",
+        f"their endpoints, /health checked every 2 s (a backend is ejected after {fall} failed checks and",
+        f"taken back after {rise} passed ones) and every response observed, the API key checked here",
+        f"(patterns in {paths.FRONT_DOOR_KEYS}, 0600, read at load) and again by each host.",
+        "Validated with `haproxy -c -f` before it replaces the live file; applied with `systemctl reload`."]
+    return render.haproxy_config(header, "gateway", gateway_binds(s), gateway_servers(s), s["front_door_timeout"],
+                                 fall=fall, rise=rise)
+
+
+def _gateway(i: HostInputs) -> Desired:
+    """The gateway's desired state; refusals (one sentence each) and nothing else when it cannot be one."""
+    host, s, secrets = i.name, i.settings, dict(i.secrets)
+    d = Desired(host=host, summary=f"gateway host {host}")
+    d.refusals = [r for r in i.refusals if not r.startswith("could not read ")]  # no GPU facts are read there
+    if s is None or d.refusals:
+        return d
+    d.settings = s
+    _secrets_ok(s, secrets, d)
+    if not s["gateway_backends"]:
+        d.refusals.append("gateway_backends is empty: list the model endpoints of the GPU hosts "
+                          "(e.g. [{\"host\": \"10.0.0.5\", \"port\": 8800}]; docs/gateway.md)")
+    if d.refusals:
+        return d
+    d.front_door = True
+    d.front_door_config = gateway_config(host, s)
+    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {secrets['vllm_api_key']}\n", "0600")}
+    d.secret_dirs = {paths.ETC: "0700"}
+    where = host if s["gateway_address"] in ("0.0.0.0", "::") else s["gateway_address"]
+    d.frontend_lines = [f"gateway: base URL http://{render.url_host(where)}:"
+                        f"{s['gateway_port']}/v1 over {len(s['gateway_backends'])} backend(s) "
+                        f"({', '.join(t for _, t in gateway_servers(s))})"]
+    return d

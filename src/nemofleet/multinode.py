@@ -191,6 +191,17 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                   f"headroom per GPU ({mem.summary()})")
     else:
         tp, pp = (per_node, n_nodes) if mode == "pp" else (per_node * n_nodes, 1)
+        # one instance over the group whose TP the mode decides: a host's own TP or instance count
+        # cannot apply here; refused rather than silently dropped
+        shape = f"TP{tp} x PP{pp}" if pp > 1 else f"TP{tp}"
+        if s["tensor_parallel_size"] not in (None, tp):
+            raise PlanError(f"serving_group {name} ({where}) runs one instance of {shape} (serving_group_parallel "
+                            f"{mode}), so tensor_parallel_size {s['tensor_parallel_size']} cannot apply: remove it, "
+                            "or set serving_group_parallel: dp for replicas of that TP on each host")
+        if s["instances"] not in (None, 1):
+            raise PlanError(f"serving_group {name} ({where}) runs one instance of {shape} across its hosts "
+                            f"(serving_group_parallel {mode}), so instances {s['instances']} cannot apply: remove it, "
+                            "or set serving_group_parallel: dp for several replicas")
         mem = _memory(ctx, _flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
         if not _viable(ctx, mem, tp * pp, gpu_bytes):
             raise _group_refusal(ctx, name, where, gpus, tp, pp, mem, seqs, batched)

@@ -32,6 +32,7 @@ GIB = 1024**3
 MIB = 1024**2
 CONTAINER_PORT = 8000
 TP_SIZES = (1, 2, 4, 8)
+MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
 __all__ = ["CONTAINER_PORT", "GIB", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
@@ -543,7 +544,7 @@ def _finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_v
         env["HF_ENDPOINT"] = s["hf_endpoint"].rstrip("/")
     used = {g.index for i in instances for g in i.gpus}
     return Plan(
-        host=host, model=ctx.model, image=_rewrite(s["vllm_image"], s["image_registry_rewrite"]),
+        host=host, model=ctx.model, image=settings.rewrite_image(s["vllm_image"], s["image_registry_rewrite"]),
         vllm_version=ctx.v.version, instances=instances, gpu_method=method, mounts=mounts, downloads=downloads,
         env=env, bind_address=s["bind_address"], served_name=ctx.model.served_name, warnings=warnings,
         docker_exec_opts=exec_opts, choices=choices,
@@ -597,15 +598,6 @@ def _weights(ctx: _Ctx) -> tuple[list[Mount], list[dict]]:
     return mounts, downloads
 
 
-def _rewrite(image: str, rewrites: dict) -> str:
-    """Registry mirrors only apply to Docker Hub (moby#18818): other registries are reached
-    through a rewritten name, e.g. {"nvcr.io/": "registry.internal/nvcr/"}."""
-    for prefix, replacement in (rewrites or {}).items():
-        if image.startswith(prefix):
-            return replacement + image[len(prefix):]
-    return image
-
-
 def _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver):
     """(method, daemon.json exec-opts, warnings): how containers get GPUs, and the remedy for the
     NVML 'Unknown Error' trap (NVIDIA/nvidia-docker#1730)."""
@@ -647,6 +639,35 @@ def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int 
         if key.strip() == "native.cgroupdriver":
             return value.strip()
     return "systemd" if cgroup_version == 2 else "cgroupfs"
+
+
+def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = None) -> Plan:
+    """The plan for a host from its HostFacts and Settings; `group_facts`: {member: HostFacts} of
+    its whole serving group (this host included) when it is in one. Raises PlanError."""
+    docker, tk = facts["docker"], facts["toolkit"]
+    return make_plan(
+        host, gpus_from_facts(facts["gpus"]["gpus"]), s,
+        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+        docker_version=docker.get("server"),
+        cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
+        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
+        local_meta=checkpoint_meta(facts, s), peers=group_facts if s["serving_group"] else None,
+    )
+
+
+def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
+    """What the checkpoint on the host says of itself (config.json, index), for this commit's
+    directory or, before it exists, any directory of the same repo."""
+    models = facts.get("models") or {}
+    try:
+        model = catalog.resolve(s["model"])
+    except (catalog.UnknownModel, ValueError, TypeError, KeyError):
+        return None  # refused with its sentence by the planner
+    same = models.get(catalog.host_dir_name(model.repo, model.revision))
+    if same:
+        return same
+    repo = catalog.local_dir_name(model.repo)
+    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)
 
 
 def gpus_from_facts(rows: list[dict]) -> list[Gpu]:

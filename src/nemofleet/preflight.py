@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from . import plan as planner
 from . import vllm_flags
-from .models import host_dir_name, local_dir_name
 from .settings import Settings, SettingsError
 from .settings import parse as parse_settings
 from .versions import parse as vt
@@ -24,7 +23,7 @@ CUDA_MIN_DRIVER = {
     "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02", "12.0": "525.60.13",
 }
 MIN_DOCKER = (20, 10)  # --gpus needs 19.03; Debian 12's docker.io is 20.10
-MIN_TOOLKIT = (1, 14)
+MIN_TOOLKIT = planner.MIN_TOOLKIT
 
 
 @dataclass
@@ -62,7 +61,8 @@ def image_cuda(facts: dict, image: str) -> str:
 
 
 def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None) -> Verdict:
-    """The verdict for one host; `s` is its Settings (a plain dict of host data is parsed);
+    """The verdict for one host, composed the way desired.decide composes it (gpu_refusal, the
+    planner's for_host, after_plan); `s` is its Settings (a plain dict of host data is parsed);
     `peers`: the HostFacts of its serving group's members (multinode.py), if it is in one."""
     v = Verdict(plan=None)
     if not isinstance(s, Settings):
@@ -71,32 +71,42 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
         except SettingsError as exc:
             v.refusals += exc.problems
             return v
-    why = _gpu_refusal(facts["gpus"])
+    why = gpu_refusal(facts["gpus"])
     if why:
         v.refusals.append(why)
         return v
     try:
-        p = _plan(host, facts, s, peers)
+        p = planner.for_host(host, facts, s, {**(peers or {}), host: facts} if s["serving_group"] else None)
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
         return v
     v.plan = p
     v.warnings += p.warnings
-    try:
-        v.refusals += _driver_refusals(facts, s["vllm_image"])
-    except vllm_flags.UnknownVersion as exc:
-        v.refusals.append(str(exc))
-        return v
-    off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
-    if off:
-        v.warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
-                          "jobs); enable nvidia-persistenced")
-    v.refusals += _runtime_refusals(facts["toolkit"], facts["docker"])
-    v.refusals += _disk_refusals(facts, p, s)
+    refused, warned = after_plan(facts, s, p)
+    v.refusals += refused
+    v.warnings += warned
     return v
 
 
-def _gpu_refusal(g: dict) -> str | None:
+def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of the checks over a host and the plan made for it: driver vs the
+    image's CUDA, persistence mode, toolkit and Docker, disk for the weights."""
+    refusals: list[str] = []
+    warnings: list[str] = []
+    try:
+        refusals += _driver_refusals(facts, s["vllm_image"])
+    except vllm_flags.UnknownVersion as exc:
+        return [str(exc)], warnings
+    off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
+    if off:
+        warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
+                        "jobs); enable nvidia-persistenced")
+    refusals += _runtime_refusals(facts["toolkit"], facts["docker"])
+    refusals += _disk_refusals(facts, p, s)
+    return refusals, warnings
+
+
+def gpu_refusal(g: dict) -> str | None:
     """Is there a driver, does nvidia-smi answer, does it list a GPU?"""
     if not g["smi"]:
         return ("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
@@ -110,18 +120,6 @@ def _gpu_refusal(g: dict) -> str | None:
     if not g["gpus"]:
         return "nvidia-smi lists no GPU; check that the GPUs are attached to this machine"
     return None
-
-
-def _plan(host: str, facts: dict, s: Settings, peers: dict | None = None) -> planner.Plan:
-    docker, tk = facts["docker"], facts["toolkit"]
-    return planner.make_plan(
-        host, planner.gpus_from_facts(facts["gpus"]["gpus"]), s,
-        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
-        docker_version=docker.get("server"),
-        cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
-        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-        local_meta=_local_meta(facts, s), peers={**(peers or {}), host: facts} if s["serving_group"] else None,
-    )
 
 
 def _driver_refusals(facts: dict, image: str) -> list[str]:
@@ -164,19 +162,3 @@ def _disk_refusals(facts: dict, p: planner.Plan, s: Settings) -> list[str]:
         return [f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
                 f"{s['models_root']}, {need / 1e9:.1f} GB needed (model + 10%)"]
     return []
-
-
-def _local_meta(facts: dict, s: Settings) -> dict | None:
-    """What the checkpoint on the host says of itself (config.json, index), for this commit's
-    directory or, before it exists, any directory of the same repo."""
-    models = facts.get("models") or {}
-    try:
-        from .models import resolve
-        model = resolve(s["model"])
-    except Exception:
-        return None
-    same = models.get(host_dir_name(model.repo, model.revision))
-    if same:
-        return same
-    repo = local_dir_name(model.repo)
-    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)

@@ -241,3 +241,10 @@ def env_file(values: dict[str, str]) -> str:
         if "\n" in str(v) or "\r" in str(v):
             raise ValueError(f"{k} must be one line")
     return "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
+
+
+def first_health_check() -> str:
+    """One run of the health script by the deploy, under the cron's lock (waiting up to 60 s for a
+    run in progress), bounded to 300 s; its verdict is the health cron's business, never the deploy's
+    (an unhealthy instance is reported by the script and by `nemofleet status`)."""
+    return shlex.join(["timeout", "300", "flock", "-w", "60", paths.HEALTH_LOCK, paths.HEALTH_SCRIPT]) + " || true"

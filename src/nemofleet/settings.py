@@ -577,3 +577,13 @@ def write_readme(path: str = "README.md") -> bool:
     if new != text:
         p.write_text(new)
     return new != text
+
+
+def rewrite_image(image: str, rewrites: dict | None) -> str:
+    """The image name the host pulls once `image_registry_rewrite` applies. Registry mirrors only
+    apply to Docker Hub (moby#18818): other registries are reached through a rewritten name,
+    e.g. {"nvcr.io/": "registry.internal/nvcr/"}."""
+    for prefix, replacement in (rewrites or {}).items():
+        if image.startswith(prefix):
+            return replacement + image[len(prefix):]
+    return image

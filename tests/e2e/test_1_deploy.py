@@ -204,7 +204,7 @@ DRIFT_UNIT = "/etc/systemd/system/nemofleet-vllm-nemotron-0.service"
 DRIFT_FILES = ["/usr/local/bin/nemofleet-health", "/etc/nemofleet/vllm.env", DRIFT_UNIT, "/etc/docker/daemon.json"]
 # what the run after the drift below must change, and nothing else: the three owners of what
 # drifted, plus what they trigger (a rewritten GPU key of daemon.json forces the GPU probe; a
-# rewritten unit file: daemon-reload, that unit's restart, the wait for it to be ready)
+# rewritten unit file: daemon-reload, that unit's restart, the wait for it to be ready, one health run)
 DRIFT_REPAIRS = [
     "nemofleet host configuration | Docker daemon.json (merged; reload or restart only when needed)",
     "nemofleet host configuration | Secrets (0600, root only)",
@@ -214,6 +214,8 @@ DRIFT_REPAIRS = [
     "nemofleet serving | vLLM instances enabled and running",
     "nemofleet serving | Wait until the (re)started instances are ready",
     "nemofleet health | Health check script and cron",
+    # a (re)started instance or a rewritten health script: one health run, so status is current
+    "nemofleet health | First health check (metrics for nemofleet status)",
 ]
 
 

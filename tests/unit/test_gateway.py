@@ -1,7 +1,7 @@
 """The fleet gateway (issue 17 item 5): its HAProxy config and its refusals, one sentence each."""
 import pytest
 
-from nemofleet import gateway, paths
+from nemofleet import desired, paths
 from nemofleet.testbed import load_profiles
 
 KEY = {"vllm_api_key": "sk-nf-" + "a" * 32}
@@ -9,8 +9,13 @@ BACKENDS = [{"host": "10.0.0.5", "port": 8800}, {"host": "h200-01.example.intern
             {"host": "fd00::7", "port": 8800}]
 
 
+def gateway_build(host, data, secrets):
+    """The one decision (desired.build -> decide) for a host of group gateway: no facts at all."""
+    return desired.build(host, data, {}, secrets, groups=["gateway"])
+
+
 def build(**data):
-    return gateway.build("gw-01", {"gateway_backends": BACKENDS, **data}, KEY)
+    return gateway_build("gw-01", {"gateway_backends": BACKENDS, **data}, KEY)
 
 
 def test_config_balances_leastconn_over_the_backends_with_health_ejection():
@@ -63,13 +68,13 @@ def test_same_input_same_config():
     ([], "gateway_backends is empty: list the model endpoints of the GPU hosts"),
 ])
 def test_bad_backends_refused_in_one_sentence(backends, sentence):
-    d = gateway.build("gw-01", {"gateway_backends": backends}, KEY)
+    d = gateway_build("gw-01", {"gateway_backends": backends}, KEY)
     assert len(d.refusals) == 1 and d.refusals[0].startswith(sentence), d.refusals
     assert d.front_door_config is None and not d.front_door_secrets
 
 
 def test_no_key_refused_and_bad_listen_settings_refused():
-    assert gateway.build("gw-01", {"gateway_backends": BACKENDS}, {"vllm_api_key": None}).refusals == [
+    assert gateway_build("gw-01", {"gateway_backends": BACKENDS}, {"vllm_api_key": None}).refusals == [
         "no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) so /v1 is not open to anyone "
         "who can reach the port"]
     assert build(gateway_address="gw.example").refusals == [
@@ -79,7 +84,7 @@ def test_no_key_refused_and_bad_listen_settings_refused():
 
 
 def test_a_gateway_needs_no_gpu_facts():
-    # build() takes no facts at all: nothing about GPUs, drivers or Docker is checked on a gateway host
+    # the gateway's decision takes no facts at all: nothing about GPUs, drivers or Docker is checked on a gateway host
     assert build().refusals == []
 
 

@@ -133,13 +133,14 @@ def _plan_cli(tmp_path, capsys, inventory: str, facts) -> tuple[int, str]:
 
     from nemofleet import cli
 
-    (tmp_path / "inv.py").write_text(inventory)
+    inv = f"inv_{tmp_path.name.replace('-', '_')}.py"  # pyinfra caches an inventory module by its name
+    (tmp_path / inv).write_text(inventory)
     (tmp_path / "facts.json").write_text(facts if isinstance(facts, str) else json.dumps(facts))
     here = os.getcwd()
     os.chdir(tmp_path)  # no group_data here: the inventory alone
     try:
         try:
-            rc = cli.main(["plan", "inv.py", "--facts", "facts.json"])
+            rc = cli.main(["plan", inv, "--facts", "facts.json"])
         except SystemExit as exc:
             rc = exc.code
     finally:
@@ -150,13 +151,19 @@ def _plan_cli(tmp_path, capsys, inventory: str, facts) -> tuple[int, str]:
 
 def test_plan_from_a_facts_file_refuses_incomplete_facts_and_misspelt_groups(tmp_path, capsys):
     inv = ('model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "0123456789abcdef0123456789abcdef01234567"}\n'
-           'gpu_h200 = ["ok-1", "nodocker-1"]\ngpu_h20 = ["typo-1"]\n')
+           'gpu_h200 = [("ok-1", {"vllm_api_key": "sk-nf-' + "a" * 32 + '"}), "nodocker-1"]\ngpu_h20 = ["typo-1"]\n')
     no_docker = {k: v for k, v in ready().items() if k != "docker"}
     rc, out = _plan_cli(tmp_path, capsys, inv, {"ok-1": ready(), "nodocker-1": no_docker, "typo-1": ready()})
     assert rc == 1 and "Traceback" not in out
     assert "REFUSED" not in out.split("== nodocker-1")[0], out
     assert "REFUSED: the facts file's entry for nodocker-1 lacks docker: write it with" in out
     assert "REFUSED: group gpu_h20 is not a GPU class (did you mean gpu_h200?)" in out
+
+
+def test_plan_refuses_what_the_deploy_refuses_a_host_without_an_api_key(tmp_path, capsys):
+    # `nemofleet plan` shows the deploy's own decision (desired.decide): no key, no plan
+    rc, out = _plan_cli(tmp_path, capsys, 'gpu_h200 = ["ok-1"]\n', {"ok-1": ready()})
+    assert rc == 1 and "REFUSED: no API key: set vllm_api_key or vllm_api_key_file" in out, out
 
 
 def test_plan_facts_file_that_is_not_json_is_one_sentence(tmp_path, capsys):

@@ -228,3 +228,26 @@ except Exception as e:
                 return {"sha": sha}
             return {"error": str(out.get("error") or f"unexpected answer {line[:80]!r}")}
         return {"error": "no answer from the Hub query"}
+
+
+HUB_COMMIT_MARK = "hub_commit "
+
+
+def hub_commits_script(items) -> str:
+    """HubCommit's command for each (endpoint, repo, revision), each answer after a marker line:
+    what `nemofleet status` and `nemofleet plan` run on a host (in their one remote command) to
+    pin a revision exactly as the deploy's HubCommit fact does."""
+    return "".join(f"echo {HUB_COMMIT_MARK}{k}\n{HubCommit().command(*item)}\n" for k, item in enumerate(items))
+
+
+def parse_hub_commits(items, lines) -> dict:
+    """{(endpoint, repo, revision): {"sha"} | {"error"}} from the output of hub_commits_script(items)."""
+    answers: dict = {}
+    current = None
+    for line in lines:
+        if line.startswith(HUB_COMMIT_MARK) and line[len(HUB_COMMIT_MARK):].isdigit():
+            current = int(line[len(HUB_COMMIT_MARK):])
+            answers[current] = []
+        elif current is not None:
+            answers[current].append(line)
+    return {tuple(item): HubCommit().process(answers.get(k, [])) for k, item in enumerate(items)}

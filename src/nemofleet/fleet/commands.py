@@ -175,6 +175,24 @@ def gate() -> str:
     return f"FAIL_RESTART=0 timeout 180 flock -w 60 {paths.HEALTH_LOCK} {paths.HEALTH_SCRIPT}"
 
 
+# `nemofleet status`'s weights figure: "<tensor bytes in the shards on disk> of <index total_size> (P%)"
+_TENSOR_BYTES = r"""
+import glob, json, os, struct, sys
+d = sys.argv[1]
+have = 0
+for f in glob.glob(os.path.join(d, "*.safetensors")):
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+    if len(head) == 8:
+        have += max(0, os.path.getsize(f) - 8 - struct.unpack("<Q", head)[0])
+try:
+    total = int(json.load(open(os.path.join(d, "model.safetensors.index.json")))["metadata"]["total_size"])
+except Exception:
+    total = 0
+print("%d of %s" % (have, ("%d (%.0f%%)" % (total, min(100.0, 100.0 * have / total))) if total > 0 else "?"))
+"""
+
+
 def status(models_root: str, prom_dir: str) -> str:
     """What `nemofleet status` shows of a host: release record, units (state and description,
     which names the GPUs and model), health metrics, weights on disk, downloads in progress."""
@@ -184,11 +202,12 @@ def status(models_root: str, prom_dir: str) -> str:
         f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename $u)\n"
         "  echo \"unit $n $(timeout 10 systemctl is-active $n) $(sed -n 's/^Description=//p' $u)\"; done\n"
         f"grep -v '^#' {prom} 2>/dev/null | sed 's/^/prom /'\n"
-        f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename $d)\n"
-        "  total=$(timeout 10 python3 -c \"import json,sys; print(json.load(open(sys.argv[1]))['metadata']['total_size'])\" "
-        "$d/model.safetensors.index.json 2>/dev/null || echo '?')\n"
-        "  echo \"weights $n $(timeout 60 du -sb --exclude=.cache $d | cut -f1) of $total bytes, "
-        f"$([ -f $d/{paths.WEIGHTS_MARKER} ] && echo complete || echo incomplete)\"; done\n"
+        f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename \"$d\")\n"
+        # like with like: the index's total_size counts tensor bytes, so the shards on disk are
+        # counted without their headers (a safetensors file: 8-byte length, JSON header, tensors)
+        f"  have=$(timeout 60 python3 -c {shlex.quote(_TENSOR_BYTES)} \"$d\" 2>/dev/null || echo '? of ?')\n"
+        "  echo \"weights $n $have tensor bytes, "
+        f"$([ -f \"$d/{paths.WEIGHTS_MARKER}\" ] && echo complete || echo incomplete)\"; done\n"
         "for u in $(timeout 10 systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do\n"
         "  echo \"download $u $(timeout 10 systemctl is-active $u): "
         "$(timeout 10 journalctl -u $u -n 1 --no-pager -o cat 2>/dev/null | tr '\\r' '\\n' | tail -1)\"; done\n"

@@ -191,7 +191,7 @@ def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, lis
     return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
 
 
-GATEWAY_GROUP = "gateway"  # fleet gateways (deploys/gateway.py) serve no model: rollouts and status skip them
+from ..inputs import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: rollouts and status skip them
 
 
 def serving_hosts(inventory: str, limit: list[str] | None = None) -> list[str]:
@@ -245,3 +245,24 @@ def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float 
         raise FleetError(f"could not read facts from {inventory}: {r.out.strip()[-500:]}") from None
     data = data.get("nemofleet.facts.host.HostFacts", data)
     return {h: data[h] for h in names if data.get(h) is not None}
+
+
+def resolve_commits(inventory: str, wanted: dict) -> dict:
+    """{host: {(endpoint, repo, revision): {"sha"} | {"error"}}} for the unpinned revisions of each
+    host ({host: [(endpoint, repo, revision), ...]}), asked from the host the way the deploy's
+    HubCommit fact asks (the host, not the controller, reaches the mirror); hosts with nothing to
+    resolve are not contacted."""
+    from ..facts.weights import hub_commits_script, parse_hub_commits
+
+    by_script: dict = {}
+    for h, items in wanted.items():
+        if items:
+            by_script.setdefault(hub_commits_script(items), []).append((h, items))
+    out: dict = {}
+    for script, hosts in by_script.items():
+        answers = exec_all(inventory, [h for h, _ in hosts], script, timeout=60)
+        for h, items in hosts:
+            e = answers[h]
+            out[h] = (parse_hub_commits(items, e.lines()) if e.reachable else
+                      {tuple(i): {"error": f"{h} is unreachable ({e.text[:120]})"} for i in items})
+    return out

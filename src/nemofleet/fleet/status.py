@@ -82,16 +82,23 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
 
 
 def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
-    from ..desired import planned_release
+    """One remote command per host: what the host has (release, units, metrics, weights) and the
+    commit an unpinned revision names now (HubCommit's own query); the release the inventory
+    plans for it comes from the deploy's own decision (desired.decide over the same HostInputs)."""
+    from .. import inputs
+    from ..desired import decide
+    from ..facts.weights import hub_commits_script, parse_hub_commits
 
     serving = driver.serving_hosts(inventory, limit)
     datas = {h: d for h, d in driver.host_data(inventory, limit).items() if h in serving}
+    groups = driver.host_groups(inventory, limit)
     facts = driver.gather_facts(inventory, limit)
     scripts: dict[str, list[str]] = {}
     result = {h: HostStatus(h) for h in datas}
+    unpinned = {h: inputs.to_resolve(d) for h, d in datas.items()}
     for h, data in datas.items():
         script, result[h].problems = _script_for(data)
-        scripts.setdefault(script, []).append(h)
+        scripts.setdefault(script + hub_commits_script(unpinned[h]), []).append(h)
     for script, hosts in scripts.items():
         for h, e in driver.exec_all(inventory, hosts, script, timeout=180).items():
             r = result[h]
@@ -109,6 +116,12 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
                                   f"({'head' if rank == 0 else 'worker'}) of {', '.join(members)}; the head's "
                                   "health is the group's")
             if h in facts and not r.problems:
-                peers = {m: facts[m] for m in members if m in facts} if isinstance(members, list) else None
-                r.planned = planned_release(h, facts[h], data, peers=peers)
+                peers = ({m: facts[m] for m in members if m in facts and m != h}
+                         if isinstance(members, list) else None)
+                peer_data = {m: datas[m] for m in members if m in datas and m != h} if isinstance(members, list) else None
+                f = dict(facts[h], lock=None, commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {})
+                # secrets do not enter the release id: any key that passes the check stands for the real one
+                want = decide(inputs.make(h, data, f, {"vllm_api_key": "x" * 16}, groups=groups.get(h),
+                                          peers=peers, peer_data=peer_data))
+                r.planned = want.release_id if want.ok else None
     return [result[h] for h in datas]

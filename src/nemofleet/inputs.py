@@ -1,0 +1,224 @@
+"""One input per host: everything a decision about a host may read, parsed once, at the edge.
+
+`HostInputs` is built once per host and per run, and then only read:
+
+    facts_args(data)    -> what to read the host's facts with (the image *after* the registry
+                           rewrite, the models root), before any fact is read
+    to_resolve(data)    -> the revisions that are not commits (asked from the host: HubCommit)
+    make(...)           -> HostInputs: the settings parsed once, the revision pinned to the
+                           commit the host resolved, the groups as the inventory lists them
+                           (pyinfra's doubled @local groups folded), the lock, the peers of a
+                           serving group, and the refusals found on the way (one sentence each)
+
+`desired.decide(inputs)` is the one function that turns them into the whole desired state; the
+deploy (deploy.py), `nemofleet plan` (cli.py), `nemofleet status` (fleet/status.py) and,
+through the deploy, rollout, rollback and rebuild all build their HostInputs here, so the plan
+shown, the plan applied and the status baseline cannot drift apart.
+
+Layer: below `desired` and the planner, above settings/models/facts; no pyinfra import (the
+deploy's constructor, `deploy.host_inputs()`, reads pyinfra's host and calls `make`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from . import models as catalog
+from . import settings as settings_mod
+from .fleet.lockinfo import lock_refusal
+
+# Secrets the controller reads for the host (values, never paths).
+SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")
+
+# Hosts of this inventory group are fleet gateways (deploys/gateway.py): they serve no model, so
+# rollouts and status skip them, and the decision for them is the gateway's (desired._gateway).
+GATEWAY_GROUP = "gateway"
+
+# The GPU class groups of the inventory (group_data/gpu_<class>.py), as gpus.short_name() names them.
+GPU_CLASS_GROUPS = ("gpu_a10g", "gpu_l40s", "gpu_a100", "gpu_h100", "gpu_h200", "gpu_b200", "gpu_gh200", "gpu_gb200")
+
+
+@dataclass(frozen=True)
+class HostInputs:
+    """What one host's decision reads; built by `make`, never changed after."""
+    name: str
+    data: Mapping  # host data, the model's revision pinned to the resolved commit
+    settings: settings_mod.Settings | None  # None when the host data does not parse (see refusals)
+    facts: Mapping
+    secrets: Mapping = field(repr=False)
+    groups: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()  # found at the edge: the host is refused before any decision
+    warnings: tuple[str, ...] = ()
+    operator: str = "root"
+    now: float = 0.0
+    peers: Mapping | None = None  # {member: HostFacts} of the other members of its serving group
+    peer_data: Mapping | None = None  # {member: host data} of the same
+
+    @property
+    def image(self) -> str:
+        """The image the host pulls and runs: the registry rewrite applied."""
+        return image_of(self.settings)
+
+    @property
+    def group_facts(self) -> dict | None:
+        """{member: HostFacts} of the whole serving group, this host included (None outside one)."""
+        if self.settings is None or not self.settings["serving_group"]:
+            return None
+        return {**(self.peers or {}), self.name: dict(self.facts)}
+
+
+def image_of(s) -> str:
+    """The vLLM image after `image_registry_rewrite` (the name the host pulls)."""
+    if s is None:
+        return settings_mod.DEFAULT_IMAGE
+    return settings_mod.rewrite_image(s["vllm_image"], s["image_registry_rewrite"])
+
+
+def parse_or_none(data: dict) -> settings_mod.Settings | None:
+    try:
+        return settings_mod.parse(data)
+    except settings_mod.SettingsError:
+        return None
+
+
+def facts_args(data: dict) -> dict:
+    """The arguments HostFacts is read with: the models root and the image the host will really
+    pull (after the registry rewrite), so the image check and the archive lookup see that name."""
+    s = parse_or_none(data)
+    root = s["models_root"] if s is not None else settings_mod.BY_NAME["models_root"].default
+    return {"models_root": root, "image": image_of(s)}
+
+
+def to_resolve(data: dict) -> list[tuple[str, str, str]]:
+    """(endpoint, repo, revision) of every revision this host's plan names that is not a 40-hex
+    commit: the deploy and status ask the Hub (mirror) for each once, from the host (HubCommit),
+    and the decision plans with the commit, so a release, its weights directory, a rollback and
+    status's baseline name one snapshot."""
+    s = parse_or_none(data)
+    if s is None:
+        return []
+    try:
+        model = catalog.resolve(s["model"])
+    except catalog.UnknownModel:
+        return []
+    endpoint = (s["hf_endpoint"] or "https://huggingface.co").rstrip("/")
+    return [(endpoint, model.repo, model.revision)] if not catalog.is_commit(model.revision) else []
+
+
+def unique_groups(name: str, groups) -> tuple[str, ...]:
+    """The host's groups as the inventory lists them. pyinfra lists a connector host whose name
+    is its own inventory name (`@local`) with every group twice (the connector's groups are
+    extended with themselves): fold that back, so a repeat left over is a real double listing."""
+    groups = [str(g) for g in (groups or ())]
+    half = len(groups) // 2
+    if name.startswith("@") and groups and len(groups) % 2 == 0 and groups[:half] == groups[half:]:
+        groups = groups[:half]
+    return tuple(groups)
+
+
+def group_problems(groups, facts: Mapping) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the inventory groups a host is in. A misspelt class group
+    (`gpu_h10`) would silently drop that class's group data; a host listed twice in one group,
+    or in two class groups, has two definitions of which pyinfra keeps the last."""
+    import difflib
+
+    refusals, warnings = [], []
+    groups = list(groups or ())
+    for g in sorted({g for g in groups if groups.count(g) > 1}):
+        refusals.append(f"this host is listed {groups.count(g)} times in group {g}: pyinfra keeps the last "
+                        "definition's data; list it once")
+    for g in sorted(set(groups)):
+        if g.startswith("gpu_") and g not in GPU_CLASS_GROUPS:
+            close = difflib.get_close_matches(g, GPU_CLASS_GROUPS, n=1, cutoff=0.75)
+            if close:
+                refusals.append(f"group {g} is not a GPU class (did you mean {close[0]}?): group_data/{close[0]}.py "
+                                "does not apply to this host until the inventory names it right")
+            else:
+                warnings.append(f"group {g} is not a GPU class nemofleet knows ({', '.join(GPU_CLASS_GROUPS)}); "
+                                f"only its own group_data/{g}.py applies")
+    classes = sorted({g for g in groups if g in GPU_CLASS_GROUPS})
+    if len(classes) > 1:
+        refusals.append(f"this host is in {len(classes)} GPU class groups ({', '.join(classes)}): list it in one")
+    gpus = ((facts or {}).get("gpus") or {}).get("gpus") or []
+    if len(classes) == 1 and gpus:
+        from .gpus import short_name
+
+        have = sorted({short_name(g["name"]) for g in gpus})
+        if f"gpu_{have[0].lower()}" != classes[0] or len(have) > 1:
+            warnings.append(f"this host is in group {classes[0]} but its GPUs are {', '.join(have)}: "
+                            f"group_data/{classes[0]}.py applies to it; move it to its class group")
+    return refusals, warnings
+
+
+def read_secrets(data: dict) -> dict:
+    """Secret values from host data or from their files on the controller (never logged)."""
+    out = {}
+    for name in SECRET_KEYS:
+        value = data.get(name)
+        key = settings_mod.BY_NAME.get(f"{name}_file")
+        path = data.get(f"{name}_file", key.default if key is not None else None)
+        if not value and isinstance(path, str) and path:
+            try:
+                with open(os.path.expanduser(path)) as f:
+                    value = f.read().strip()
+            except OSError:
+                value = None
+        out[name] = value if isinstance(value, str) and value else None
+    return out
+
+
+def _pin_revision(data: dict, commits: Mapping, refusals: list, warnings: list) -> dict:
+    """Host data with the model's revision replaced by the commit HubCommit resolved it to."""
+    if not commits:
+        return data
+    spec = data.get("model") or settings_mod.BY_NAME["model"].default
+    spec = {"catalog": spec} if isinstance(spec, str) else dict(spec) if isinstance(spec, Mapping) else spec
+    if not isinstance(spec, dict):
+        return data  # the settings parser refuses it with its sentence
+    for (endpoint, repo, rev), answer in commits.items():
+        if "sha" in answer:
+            spec["revision"] = answer["sha"]
+            warnings.append(f"revision {rev!r} of {repo} is {answer['sha'][:12]} on {endpoint} now; this run "
+                            f"serves that commit (pin it in group data to skip the query)")
+        else:
+            refusals.append(f"could not resolve revision {rev!r} of {repo}: {answer['error']}; pin the model "
+                            "revision to a 40-hex commit or fix hf_endpoint")
+    return {**data, "model": spec}
+
+
+def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = None, *, groups=(),
+         lock_token: str | None = None, now: float = 0.0, operator: str = "root",
+         peers: Mapping | None = None, peer_data: Mapping | None = None) -> HostInputs:
+    """The one constructor. `facts` is the host's HostFacts, with `commits` ({(endpoint, repo,
+    revision): {"sha"} | {"error"}}) where a revision was resolved; `lock_token`/`now`: the deploy
+    lock this run may hold and the time (a lock in `facts` refuses a run without its token; pass
+    facts without `lock` for a read-only plan); `groups`: the host's groups as pyinfra lists them."""
+    data = dict(data or {})
+    facts = dict(facts or {})
+    groups = unique_groups(name, groups)
+    refusals, warnings = group_problems(groups, facts)
+    locked = lock_refusal(facts.get("lock"), lock_token, now)
+    if locked:
+        refusals.append(locked)
+    for part, why in sorted((facts.get("errors") or {}).items()):
+        refusals.append(f"could not read {part} on this host: {why}")
+    data = _pin_revision(data, facts.get("commits") or {}, refusals, warnings)
+    try:
+        s = settings_mod.parse(data)
+    except settings_mod.SettingsError as exc:
+        s = None
+        refusals += exc.problems
+    if s is not None and s["serving_group"] and facts.get("commits"):
+        # the revision was a branch or tag, resolved by this member alone
+        refusals.append(f"serving_group {s['serving_group']}: pin the model revision to a 40-hex commit; "
+                        "every member must load the same snapshot, and a branch is resolved by each member "
+                        "on its own")
+    peer_data = {m: v for m, v in (peer_data or {}).items() if m != name} if peer_data is not None else None
+    return HostInputs(name=name, data=MappingProxyType(data), settings=s, facts=MappingProxyType(facts),
+                      secrets=MappingProxyType(dict(secrets or {})), groups=groups, refusals=tuple(refusals),
+                      warnings=tuple(warnings), operator=operator, now=now,
+                      peers=MappingProxyType(dict(peers)) if peers is not None else None,
+                      peer_data=MappingProxyType(peer_data) if peer_data is not None else None)
