@@ -240,6 +240,14 @@ def _model(value) -> str | None:
     return None
 
 
+def _no_credentials(url, where: str) -> str | None:
+    """A URL that lands in a 0644 unit, a docker argv, daemon.json or a warning: no user:pass@."""
+    if isinstance(url, str) and "@" in url.split("://", 1)[-1].split("/", 1)[0]:
+        return (f"carries credentials (user:pass@ in {url.split('://', 1)[0]}://...@...): they would be readable in "
+                f"a 0644 file, on a command line and in docker inspect; {where}")
+    return None
+
+
 def _driver_packages(value) -> str | None:
     """Package names in which `{branch}` is the one format field (str.format would raise on `{`
     or `{x}`, and `{branch.upper}` reads an attribute)."""
@@ -318,7 +326,8 @@ KEYS: list[Key] = [
     Key("hf_token_file", (_S, _N), "~/.config/nemofleet/hf-token", "file on the controller holding the HF token",
         "secrets", pattern=HOME_PATH),
     Key("hf_endpoint", (_S, _N), None, "Hugging Face mirror URL (HF_ENDPOINT); none: huggingface.co", "weights",
-        pattern=SAFE_URL),
+        pattern=SAFE_URL, check=lambda v: _no_credentials(v, "give the mirror a token in hf_token_file instead "
+                                                             "(sent as a Bearer header from a 0600 file)")),
     Key("weights_verify", (_S,), "marker", "marker (header check once, then the marker) | full (every run)",
         "weights", choices=("marker", "full")),
     Key("weights_keep_revisions", (_I,), 2,
@@ -336,7 +345,8 @@ KEYS: list[Key] = [
     Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
         pattern=r"[a-z0-9][a-z0-9_.-]*"),
     Key("docker_registry_mirrors", (_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
-        pattern=SAFE_URL),
+        pattern=SAFE_URL, check=lambda v: next(filter(None, (_no_credentials(u, "log dockerd in with `docker login` "
+                                                                                "instead") for u in v or [])), None)),
     Key("docker_insecure_registries", (_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
         "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
     Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",

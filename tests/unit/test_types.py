@@ -255,3 +255,40 @@ def test_repo_ids_as_the_hub_defines_them(value):
 @pytest.mark.parametrize("value", ["x", "a/b/c", "a/-b", "a/b.", "a/b--c", "a/b..c", "a/" + "b" * 96, ".a/b", "a /b"])
 def test_repo_ids_the_hub_refuses(value):
     assert valuetypes.repo_problem(value)
+
+
+# ---------------------------------------------------------------------------- secrets and CLI arguments
+
+
+@pytest.mark.parametrize("data", [{"hf_endpoint": "https://user:pass@mirror.internal"},
+                                  {"hf_endpoint": "http://token@mirror.internal:8080/hf"},
+                                  {"docker_registry_mirrors": ["https://ok.internal", "https://u:p@mirror.internal"]}])
+def test_credentials_in_a_mirror_url_refused_with_where_to_put_them(data):
+    why = refused(data)
+    assert "carries credentials" in why and ("hf_token_file" in why or "docker login" in why)
+    assert "pass" not in why.split("carries credentials")[0]
+
+
+def test_a_mirror_url_without_credentials_accepted():
+    assert settings.parse({"hf_endpoint": "https://mirror.internal/hf"})["hf_endpoint"] == "https://mirror.internal/hf"
+
+
+@pytest.mark.parametrize("argv", [["rollout", "inv.py", "--wait", "nan"], ["rebuild", "inv.py", "h", "--wait", "nan"],
+                                  ["rollout", "inv.py", "--wait", "inf"], ["rollout", "inv.py", "--wait", "0"],
+                                  ["rollout", "inv.py", "--wait", "1e9"], ["rollback", "inv.py", "--wait=-inf"]])
+def test_cli_waits_are_finite_and_bounded(argv, capsys):
+    from nemofleet import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "finite number of seconds" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("key", ["vllm_api_key", "hf_token", "health_webhook_url"])
+def test_a_secret_never_goes_onto_pyinfras_command_line(key):
+    from nemofleet import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli._data([f"{key}=s3cret-value-123"])
+    assert "command line" in str(exc.value) and "s3cret" not in str(exc.value)

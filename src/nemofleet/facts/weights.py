@@ -177,7 +177,8 @@ print(json.dumps(out, sort_keys=True))
 '''
 
     def command(self, root: str) -> str:
-        return f"python3 -c {shlex.quote(self.SCRIPT)} {shlex.quote(root)} 2>/dev/null || echo '{{}}'"
+        # bounded: a hung NFS models root must not hang the run (no answer: no models known)
+        return f"timeout 60 python3 -c {shlex.quote(self.SCRIPT)} {shlex.quote(root)} 2>/dev/null || echo '{{}}'"
 
     def default(self):
         return {}
