@@ -174,3 +174,17 @@ def test_cron_line_refuses_a_schedule_cron_would_not_run():
     for bad in ("* * * * *\n* * * * * root id", "99 99 99 99 99", "*/0 * * * *"):
         with pytest.raises(ValueError):
             render.health_cron({"health_schedule": bad})
+
+
+# ---------------------------------------------------------------------------- bounded
+
+
+def test_every_command_that_reads_the_models_root_is_bounded():
+    from nemofleet.facts.host import FreeDisk
+    from nemofleet.facts.weights import ModelsOnDisk, WeightsStatus, check_command
+
+    for c in (FreeDisk().command("/srv/m"), ModelsOnDisk().command("/srv/m"),
+              WeightsStatus().command("/srv/m/x", REV), WeightsStatus().command("/srv/m/x", REV, full=True),
+              check_command("/srv/m/x", REV, "write")):
+        assert c.startswith("timeout "), c
+

@@ -292,3 +292,12 @@ def test_a_secret_never_goes_onto_pyinfras_command_line(key):
     with pytest.raises(SystemExit) as exc:
         cli._data([f"{key}=s3cret-value-123"])
     assert "command line" in str(exc.value) and "s3cret" not in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["h\nserver evil 10.6.6.6:80", "h\r", "h\tx", " "])
+def test_an_inventory_host_name_with_a_newline_is_refused(name):
+    from nemofleet import inputs
+    from test_desired import SECRETS, facts
+
+    i = inputs.make(name, {}, facts(), SECRETS)
+    assert any("inventory host name" in r for r in i.refusals)

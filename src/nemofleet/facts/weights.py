@@ -128,9 +128,14 @@ emit()
 '''
 
 
+# Bounded like every remote command: the check stats the files (a hung NFS models root must not
+# hang the run); `full` hashes every shard (232 GB at a slow disk's 100 MB/s is ~40 min).
+CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600}
+
+
 def check_command(directory: str, revision: str, mode: str) -> str:
-    return " ".join(["python3", "-c", shlex.quote(CHECK_SCRIPT), shlex.quote(directory),
-                     shlex.quote(revision), mode])
+    return " ".join(["timeout", str(CHECK_TIMEOUT[mode]), "python3", "-c", shlex.quote(CHECK_SCRIPT),
+                     shlex.quote(directory), shlex.quote(revision), shlex.quote(mode)])
 
 
 class WeightsStatus(FactBase):
