@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import desired, render, shell
+from nemofleet import desired, paths, render, shell
 from nemofleet.operations import atomic_put, weights
 from opharness import readable
 from test_desired import REV, SECRETS, facts
@@ -188,3 +188,17 @@ def test_every_command_that_reads_the_models_root_is_bounded():
               check_command("/srv/m/x", REV, "write")):
         assert c.startswith("timeout "), c
 
+
+
+def test_rollback_guard_prints_the_expected_release_as_text(tmp_path):
+    from nemofleet.fleet import commands
+
+    pwned = tmp_path / "pwned"
+    expect = f"x\"; touch {pwned}; echo \"$(touch {pwned})"
+    kept = tmp_path / "previous"
+    kept.mkdir()
+    (kept / "release").write_text("id=other-release\n")
+    script = commands.rollback(expect=expect).replace(f"p={paths.PREVIOUS}\n", f"p={kept}\n")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and f"the kept release is other-release, not {expect}: not rolling back" in r.stderr
+    assert not pwned.exists()
