@@ -102,3 +102,26 @@ def test_plan_with_a_malformed_facts_file_refuses_that_host_only(tmp_path, capsy
     assert rc == 1 and "Traceback" not in out, out
     assert "REFUSED" not in out.split("== bad-1")[0], out
     assert "REFUSED: the facts file's entry for bad-1 is not what HostFacts writes" in out
+
+
+GARBAGE = [["x"], ["{"], ["null"], ["[]"], ["\x00\x1b[0m"], ['{"a": "b"}'], ["1 2 3", "a=b=c"], ["RC=abc"],
+           ["TIMEOUT"], ['{"d": {"config": {"head_dim": "x"}}}'], ["unit", "file"], ["-" * 5000]]
+
+
+@pytest.mark.parametrize("key", sorted(HostFacts.PARTS))
+@pytest.mark.parametrize("lines", GARBAGE, ids=lambda ls: repr(ls)[:20])
+def test_every_fact_parser_turns_garbage_into_its_type_or_one_sentence(key, lines):
+    cls, _ = HostFacts.PARTS[key]
+    value, why = read_part(key, cls(), lines)
+    assert schema.part_problem(key, value) is None, (value, why)
+    assert why is None or ("\n" not in why and "Traceback" not in why)
+
+
+def test_host_facts_with_garbage_in_every_part_refuses_without_a_traceback():
+    out = []
+    for key in HostFacts.PARTS:
+        out += [f"{HostFacts.MARK}{key}", "garbage {", "null"]
+    f = HostFacts().process(out)
+    assert all(schema.part_problem(k, f[k]) is None for k in HostFacts.PARTS)
+    d = desired.build("h", DATA, f, SECRETS)
+    assert not d.ok and d.refusals
