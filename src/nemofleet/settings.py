@@ -95,7 +95,7 @@ def _frontends(value) -> str | None:
     for fe in value:
         if not isinstance(fe, dict) or not isinstance(fe.get("network"), str):
             return "must be a list of mappings with a network name (and alias, create)"
-        extra = sorted(set(fe) - {"name", "network", "alias", "create"})
+        extra = sorted(map(str, set(fe) - {"name", "network", "alias", "create"}))
         if extra:
             return f"entry {fe.get('network')!r} has unknown keys {', '.join(extra)} (known: name, network, alias, create)"
         for k in ("name", "network", "alias"):
@@ -162,7 +162,7 @@ def _seed(value) -> str | None:
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
         return "must be a peer host name or {host, user, port, key}"
-    extra = sorted(set(value) - {"host", "user", "port", "key"})
+    extra = sorted(map(str, set(value) - {"host", "user", "port", "key"}))
     if extra:
         return f"has unknown keys {', '.join(extra)}"
     if value.get("user") is not None and not (isinstance(value["user"], str)
@@ -205,7 +205,7 @@ def _gateway_backends(value) -> str | None:
     for n, b in enumerate(value or [], 1):
         if not isinstance(b, dict):
             return f"entry {n} must be a mapping {{host, port, name}}, not {b!r}"
-        extra = sorted(set(b) - {"host", "port", "name"})
+        extra = sorted(map(str, set(b) - {"host", "port", "name"}))
         if extra:
             return f"entry {n} has unknown keys {', '.join(map(str, extra))} (known: host, port, name)"
         h, port, name = b.get("host"), b.get("port"), b.get("name")
@@ -509,6 +509,8 @@ def _check(key: Key, value) -> str | None:
             return f"{key.name} {value!r} must be at most {key.maximum:g}"
         if value > vt.INT_MAX:
             return f"{key.name} {value!r} must be at most {vt.INT_MAX}"
+    if isinstance(value, list) and key.pattern and not all(isinstance(i, str) for i in value):
+        return f"{key.name} must be a list of strings ({key.doc}), not {value!r}"
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
     for item in items:
         text = str(item)

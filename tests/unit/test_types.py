@@ -301,3 +301,19 @@ def test_an_inventory_host_name_with_a_newline_is_refused(name):
 
     i = inputs.make(name, {}, facts(), SECRETS)
     assert any("inventory host name" in r for r in i.refusals)
+
+
+# every key, values of every shape (mappings with non-string keys, nested NaN, lists of mappings...)
+SHAPES = [None, True, 0, -1, 2**80, 1.5, math.nan, "", "x", "\n", [], [None], [1, "a"], [{}], [{1: 2}], [[math.inf]],
+          {}, {1: 2}, {"a": None}, {"a": [math.nan]}, {None: "x"}, {"host": "h", 1: 2}, {"network": "n", 2: 3},
+          [{"network": "n", 1: 2}], [{"host": "h", "port": 1, 5: 6}], {"catalog": CATALOG_KEY, "drafts": {1: 2}},
+          {"repo": "a/b", "weight_bytes": 1, "drafts": {"mtp": {"repo": "a/b", 1: 2}}}]
+
+
+@pytest.mark.parametrize("key", sorted(settings.BY_NAME))
+def test_no_shape_of_value_raises_anything_but_a_sentence(key):
+    for value in SHAPES:
+        try:
+            settings.parse({key: value})
+        except settings.SettingsError as exc:
+            assert all("\n" not in p.replace("\\n", "") for p in exc.problems), exc.problems
