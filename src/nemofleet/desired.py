@@ -154,8 +154,8 @@ def cdi_command(p: Plan, facts: dict) -> str | None:
         return None
     if versions.parse(tk.get("version")) >= (1, 18):
         # CTK >= 1.18 keeps /var/run/cdi/nvidia.yaml current on driver/toolkit changes and at boot
-        return "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
-    return "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+        return "timeout 120 systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+    return "timeout 120 nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
 
 
 # ---------------------------------------------------------------------------- files

@@ -202,3 +202,22 @@ def test_rollback_guard_prints_the_expected_release_as_text(tmp_path):
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and f"the kept release is other-release, not {expect}: not rolling back" in r.stderr
     assert not pwned.exists()
+
+
+def test_haproxy_refusal_prints_a_host_name_with_percent_and_quotes_as_text(tmp_path):
+    import json as _json
+
+    from nemofleet.operations import frontdoor
+    from opharness import run
+
+    fixture = _json.loads((Path(__file__).parents[1] / "operations" / "frontdoor.configured"
+                           / "refused_config_never_goes_live.json").read_text())
+    name = "h%s%n'$(touch PWNED)"
+    res = run(frontdoor.configured, fixture["kwargs"], fixture["facts"], host_name=name)
+    script = next(c for c in res.commands if isinstance(c, list) and c[0] == "sh -c")[1]
+    tmp = "/etc/haproxy/.haproxy.cfg.nemofleet-tmp"
+    script = script.replace(tmp, str(tmp_path / "cfg.tmp")).split("chmod")[0] + "exit 0"
+    env = stubs(tmp_path, haproxy="echo '[ALERT] bad line 3'; exit 1")
+    r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+    assert r.returncode == 1 and f"of {name} fails haproxy -c ([ALERT] bad line 3)" in r.stderr, r.stderr
+    assert not (tmp_path / "PWNED").exists()
