@@ -32,7 +32,6 @@ GIB = 1024**3
 MIB = 1024**2
 CONTAINER_PORT = 8000
 TP_SIZES = (1, 2, 4, 8)
-MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
 __all__ = ["CONTAINER_PORT", "GIB", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
@@ -497,12 +496,9 @@ def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
 # ---------------------------------------------------------------------------- plan
 
 
-def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
-              cdi_available: bool = False, cgroup_version: int | None = None,
-              cgroup_driver: str | None = None, local_meta: dict | None = None, peers: dict | None = None) -> Plan:
-    """Decide what `host` serves. `data` is its Settings (host data is parsed). Raises
-    PlanError with one sentence on any impossibility. `peers`: {member: HostFacts} of the host's
-    multi-node serving group (multinode.py), when its settings name one."""
+def start(gpus: list[Gpu], data, local_meta: dict | None = None):
+    """(settings, context, usable GPUs, warnings): what every plan starts from, a single host's or a
+    serving group member's (multinode.make_group_plan)."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
     s = _parse(data)
@@ -514,12 +510,18 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     if not catalog.is_commit(ctx.model.revision):
         warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
                         "commit so re-runs never ask the Hub")
-    if s["serving_group"]:
-        from . import multinode
+    return s, ctx, usable, warnings
 
-        instances, choice, more, group_env = multinode.layout(host, ctx, usable, peers)
-        return _finish(host, s, ctx, gpus, instances, [choice], warnings + more, group_env,
-                       docker_version, cdi_available, cgroup_version, cgroup_driver)
+
+def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
+              cdi_available: bool = False, cgroup_version: int | None = None,
+              cgroup_driver: str | None = None, local_meta: dict | None = None) -> Plan:
+    """Decide what single host `host` serves. `data` is its Settings (host data is parsed). Raises
+    PlanError with one sentence on any impossibility. A member of a multi-node serving group is
+    planned by multinode.make_group_plan (planning.for_host chooses)."""
+    s, ctx, usable, warnings = start(gpus, data, local_meta)
+    if s["serving_group"]:
+        raise PlanError(f"serving_group {s['serving_group']} is planned over all its members (planning.for_host)")
     layouts = []
     for group in gpu_table.groups(usable):
         try:
@@ -530,11 +532,11 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
-    return _finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
+    return finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
                    docker_version, cdi_available, cgroup_version, cgroup_driver)
 
 
-def _finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
+def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
             cgroup_version, cgroup_driver) -> Plan:
     method, exec_opts, trap = _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver)
     warnings += trap
@@ -639,35 +641,6 @@ def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int 
         if key.strip() == "native.cgroupdriver":
             return value.strip()
     return "systemd" if cgroup_version == 2 else "cgroupfs"
-
-
-def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = None) -> Plan:
-    """The plan for a host from its HostFacts and Settings; `group_facts`: {member: HostFacts} of
-    its whole serving group (this host included) when it is in one. Raises PlanError."""
-    docker, tk = facts["docker"], facts["toolkit"]
-    return make_plan(
-        host, gpus_from_facts(facts["gpus"]["gpus"]), s,
-        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
-        docker_version=docker.get("server"),
-        cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
-        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-        local_meta=checkpoint_meta(facts, s), peers=group_facts if s["serving_group"] else None,
-    )
-
-
-def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
-    """What the checkpoint on the host says of itself (config.json, index), for this commit's
-    directory or, before it exists, any directory of the same repo."""
-    models = facts.get("models") or {}
-    try:
-        model = catalog.resolve(s["model"])
-    except (catalog.UnknownModel, ValueError, TypeError, KeyError):
-        return None  # refused with its sentence by the planner
-    same = models.get(catalog.host_dir_name(model.repo, model.revision))
-    if same:
-        return same
-    repo = catalog.local_dir_name(model.repo)
-    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)
 
 
 def gpus_from_facts(rows: list[dict]) -> list[Gpu]:
