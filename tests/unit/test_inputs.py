@@ -189,3 +189,25 @@ def test_status_weights_line_counts_tensor_bytes_like_the_index(tmp_path):
     out = subprocess.run(["bash", "-c", commands.status(str(tmp_path / "models"), str(tmp_path / "prom"))],
                          capture_output=True, text=True, timeout=60).stdout
     assert "weights org--m@x 16 of 16 (100%) tensor bytes" in out, out
+
+
+def test_fact_reads_are_derived_from_the_stages():
+    """deploy.fact_reads walks the stages converge() runs with a recorder in place of the operations:
+    every operation's declared read is there (the front door's per-unit files, HAProxy, the stale
+    HF token's absence check), and nothing no operation asks for."""
+    from nemofleet import deploy, paths
+    from nemofleet.facts import prefetch
+    from nemofleet.facts.files import FilesDigest
+    from test_desired import CASES, SECRETS
+
+    f, data = CASES["h100-8x-front-door-frontends"]
+    want = desired.build("h", data, f, SECRETS)
+    keys = {prefetch.key(c, k) for c, k in deploy.fact_reads(want)}
+    for path, _, _ in want.drain_restarts:
+        assert prefetch.key(FilesDigest, {"paths": (path,)}) in keys
+    assert prefetch.key(FilesDigest, {"paths": (paths.HF_ENV,)}) in keys  # files.absent's read
+    assert prefetch.key(FilesDigest, {"paths": tuple(sorted(want.units))}) not in keys  # no operation asks it
+    assert any("AptPackages" in k for k in keys) and any("UnitStates" in k and "haproxy" in k for k in keys)
+    gw = desired.build("gw", {"gateway_backends": [{"host": "10.0.0.5", "port": 8800}]}, {},
+                       {"vllm_api_key": KEY}, groups=["gateway"])
+    assert len(deploy.gateway_reads(gw)) == 4  # packages, keys file, HAProxy config, unit state

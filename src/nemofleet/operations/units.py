@@ -9,6 +9,7 @@ from pyinfra.api import StringCommand, operation
 
 from ..facts.units import UnitStates
 from ..facts.prefetch import fact
+from . import reads_with
 
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 
@@ -35,6 +36,7 @@ def running_reads(units) -> tuple:
     return UnitStates, {"units": tuple(units)}
 
 
+@reads_with(lambda units, **_: running_reads(units))
 @operation(is_idempotent=True)
 def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
             deferred: set | None = None):
@@ -74,6 +76,7 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
+@reads_with(lambda unit, **_: running_reads([unit]))
 @operation(is_idempotent=True)
 def enabled_and_active(unit: str):
     """One system unit (e.g. haproxy.service) enabled and running; a change only when it was not.
