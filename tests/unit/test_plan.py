@@ -664,3 +664,23 @@ def test_full_context_sequences_are_counted_in_english():
                                          "max_num_seqs": 64})
     text = " ".join(p.choices + p.warnings)
     assert not re.search(r"\b1 full[\w -]*sequences\b", text), text
+
+
+def test_every_sm12x_and_unified_memory_line_parses_in_its_version():
+    hosts = {"gb10": [Gpu(0, "GPU-s", "NVIDIA GB10", 124610, "12.1", unified=True)],
+             "rtxpro6000x4": _gpus("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0", 4)}
+    planned = 0
+    for version in vllm_flags.VERSIONS:
+        parser = vllm_flags.build_argparser(version)
+        for gpus in hosts.values():
+            for key in CATALOG:
+                for data in ({}, SPARK):
+                    try:
+                        p = make_plan("h", gpus, {**data, "model": key, "vllm_image": f"vllm/vllm-openai:v{version}"})
+                    except PlanError:
+                        continue
+                    planned += 1
+                    for inst in p.instances:
+                        parser.parse_args(inst.args)
+                        assert not {"humming", "horizontal", "flashinfer_cutlass"} & set(inst.args)
+    assert planned >= 20
