@@ -61,13 +61,21 @@ class Model:
     speculative: tuple[str, ...] = ()
     drafts: dict[str, Draft] = field(default_factory=dict)
     default_spec_tokens: int = 3
-    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell")
+    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell", "sm12x")
     multimodal_limits: dict[str, int] | None = None
     min_total_bytes: int = 0  # optional floor for the whole deployment (generic models)
     trust_remote_code: bool = True
     default_context: int = 131072  # docs/recipes.md#lightning-a100: 131072 is stable on 80 GB
     default_speculative: str | None = None  # docs/recipes.md#lightning-a100: max throughput, no speculation
     draft_bytes: int = 2 * 10**9  # DFlash/DSpark draft checkpoints, order of magnitude
+    # The card's reserve for activations, logits and communication buffers, as a fraction of the
+    # weights on a GPU: the memory model's activations-and-runtime term is at least this much
+    # (0: the memory model's own term, which plans the published recipes that run tighter).
+    # docs/recipes.md#memory-model
+    reserve_fraction: float = 0.0
+    # The card's "safe line": total GPU memory of one instance below which the plan warns with
+    # its figures (0: none stated). docs/recipes.md#super-vl
+    safe_line_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -130,6 +138,8 @@ _SUPER_VL = dict(
     multimodal_limits={"image": 8, "video": 2},
     default_context=262144,  # docs/recipes.md#super-vl
     default_speculative="mtp",  # docs/recipes.md#super-vl: built-in MTP head, 1 token
+    reserve_fraction=0.15,  # docs/recipes.md#super-vl: "reserve 15%-25%" of the weights, the low end
+    safe_line_bytes=400 * GB,  # docs/recipes.md#super-vl: "400 GB of total GPU memory is the safe line"
 )
 
 CATALOG: dict[str, Model] = {
