@@ -34,7 +34,7 @@ os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "22401")
 os.environ["PYINFRA_PROGRESS"] = "off"
 sys.path.insert(0, str(ROOT / "src"))
 
-from nemofleet import testbed  # noqa: E402
+from nemofleet import settings, testbed  # noqa: E402
 from nemofleet.facts.weights import check_command  # noqa: E402
 from nemofleet.operations.weights import download_script  # noqa: E402
 
@@ -130,7 +130,7 @@ def ansible_inventory(hosts) -> Path:
     """Inventory + per-host vars: the end state nemofleet rendered for each host, so both tools
     converge the same hosts to the same bytes."""
     state = testbed.read_state()
-    image = "vllm/vllm-openai:v0.27.1"
+    image = settings.DEFAULT_IMAGE  # the one pin (settings.py)
     MODEL_DIR = f"{REPO_DIR}@{state['model_revision'][:12]}"  # one directory per repo and commit
     script = download_script("nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", state["model_revision"], MODEL_DIR,
                              image, state["mirror_url"], "/etc/nemofleet/hf.env", [], [], 0)

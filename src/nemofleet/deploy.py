@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
@@ -111,115 +112,184 @@ def run_preflight() -> Desired:
     return want
 
 
+# ---------------------------------------------------------------------------- stages
+# Each stage body takes `op`: the operation modules (OPS) when the deploy runs, or a recorder
+# (fact_reads) that walks the same code to collect what each operation reads (`.reads`, declared
+# next to the operation with operations.reads_with), so the batched read ahead cannot drift from
+# what the stages do.
+
+
+def _log(text: str) -> None:
+    host.log(text, logger.info)
+
+
+OPS = SimpleNamespace(daemon_json=daemon_json, files=files, units=units, systemd=systemd, server=server,
+                      docker=docker, weights=weights, gpu_access=gpu_access, frontdoor=frontdoor,
+                      packages=packages, log=_log)
+
+
+class _Unchanged:
+    """What a recorded operation answers: it changed nothing (the `_if=` callables never run)."""
+
+    @staticmethod
+    def did_change() -> bool:
+        return False
+
+
+class _Module:
+    def __init__(self, module, sink: list):
+        self._module, self._sink = module, sink
+
+    def __getattr__(self, name):
+        reads = getattr(getattr(self._module, name), "reads", None)
+
+        def record(*args, **kwargs):
+            pair = reads(**kwargs) if reads is not None else None
+            if pair is not None:
+                self._sink.append(pair)
+            return _Unchanged()
+        return record
+
+
+def _recorder(sink: list) -> SimpleNamespace:
+    return SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None)
+
+
+def _configure_host(want: Desired, op=OPS) -> set:
+    daemon_changed: set = set()
+    op.daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
+                              desired=want.daemon_json, defaults=want.daemon_json_defaults, changed=daemon_changed)
+    if want.host_files:
+        host_changed: set = set()
+        op.files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=want.host_files,
+                         changed=host_changed)
+        op.units.daemon_reload(name="Reload systemd for the Docker proxy",
+                               _if=lambda: paths.DOCKER_PROXY in host_changed)
+        op.systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
+                           _if=lambda: paths.DOCKER_PROXY in host_changed)
+        op.server.shell(name="Create the /dev/char links now",
+                        commands=["timeout 120 nvidia-ctk system create-dev-char-symlinks --create-all"],
+                        _if=lambda: paths.DEV_CHAR_RULE in host_changed)
+    op.files.managed(name="Secrets (0600, root only)", files=want.secret_files, secret=True, dirs=want.secret_dirs)
+    if want.authorized_key:
+        op.files.authorized_key(name="Fleet seed key may read weights from this host (read-only rsync)",
+                                path=paths.ROOT_AUTHORIZED_KEYS, line=want.authorized_key,
+                                key=want.seed_public_key)
+    if want.absent:
+        op.files.absent(name="No stale HF token", paths=want.absent)
+    if want.cdi_command:
+        op.server.shell(name="Enable nvidia-cdi-refresh" if "refresh" in want.cdi_command else "Generate the CDI spec",
+                        commands=[want.cdi_command])
+    return daemon_changed
+
+
 @deploy("nemofleet host configuration")
 def configure_host(want: Desired) -> set:
     """Returns the set of daemon.json keys this run changes (filled in as the op executes)."""
-    daemon_changed: set = set()
-    daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
-                           desired=want.daemon_json, defaults=want.daemon_json_defaults, changed=daemon_changed)
-    if want.host_files:
-        host_changed: set = set()
-        files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=want.host_files,
-                      changed=host_changed)
-        units.daemon_reload(name="Reload systemd for the Docker proxy",
-                            _if=lambda: paths.DOCKER_PROXY in host_changed)
-        systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
-                        _if=lambda: paths.DOCKER_PROXY in host_changed)
-        server.shell(name="Create the /dev/char links now", commands=["timeout 120 nvidia-ctk system create-dev-char-symlinks --create-all"],
-                     _if=lambda: paths.DEV_CHAR_RULE in host_changed)
-    files.managed(name="Secrets (0600, root only)", files=want.secret_files, secret=True, dirs=want.secret_dirs)
-    if want.authorized_key:
-        files.authorized_key(name="Fleet seed key may read weights from this host (read-only rsync)",
-                             path=paths.ROOT_AUTHORIZED_KEYS, line=want.authorized_key,
-                             key=want.seed_public_key)
-    if want.absent:
-        files.absent(name="No stale HF token", paths=want.absent)
-    if want.cdi_command:
-        server.shell(name="Enable nvidia-cdi-refresh" if "refresh" in want.cdi_command else "Generate the CDI spec",
-                     commands=[want.cdi_command])
-    return daemon_changed
+    return _configure_host(want)
+
+
+def _fetch_weights(want: Desired, op=OPS) -> None:
+    op.docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
+    for d in want.downloads:
+        op.weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
+                         directory=d.directory, image=want.image, endpoint=d.endpoint, token_file=d.token_file,
+                         full_verify=d.full_verify, seed=d.seed, link_from=d.link_from)
 
 
 @deploy("nemofleet weights")
 def fetch_weights(want: Desired) -> None:
-    docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
-    for d in want.downloads:
-        weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
-                      directory=d.directory, image=want.image, endpoint=d.endpoint, token_file=d.token_file,
-                      full_verify=d.full_verify, seed=d.seed, link_from=d.link_from)
+    _fetch_weights(want)
 
 
-def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set = False) -> None:
+def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set = False, op=OPS) -> None:
     g = want.gpu_probe
-    gpu_access.survives_daemon_reload(
+    op.gpu_access.survives_daemon_reload(
         name="GPU access survives systemctl daemon-reload (probe)", image=g.image, gpu_args=g.gpu_args,
         signature=g.signature, remedy_hint=g.remedy_hint, force=force, recorded=facts_record)
+
+
+def _serve(want: Desired, daemon_changed: set | None = None, op=OPS):
+    # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
+    # whenever this run rewrote daemon.json (e.g. repaired a drifted cgroup driver).
+    probe_gpu_access(want, want.gpu_access_record, force=daemon_changed if daemon_changed is not None else False,
+                     op=op)
+    if want.networks:
+        op.docker.networks(name="Frontend networks", wanted=want.networks)
+    if want.previous_release and want.previous_release != want.release_id:
+        op.server.shell(name=f"Keep release {want.previous_release} for rollback",
+                        commands=[want.keep_previous_command])
+    changed: set = set()
+    if want.front_door:
+        _front_door(want, op=op)
+    if want.drain_restarts:
+        # one instance at a time, its unit file then its restart, so the others keep serving and a
+        # run that stops half way leaves every unit file matching the container that runs it
+        for path, unit, command in want.drain_restarts:
+            op.files.managed(name=f"vLLM unit {unit}", files={path: want.units[path]}, changed=changed)
+            op.units.daemon_reload(name=f"Reload systemd for {unit}", _if=lambda path=path: path in changed)
+            op.server.shell(name=f"Restart {unit} through the front door (drain, restart, ready, back in)",
+                            commands=[command], _if=lambda path=path: path in changed)
+    else:
+        op.files.managed(name="vLLM units", files=want.units, changed=changed)
+        op.units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
+    # with a front door, running units were restarted above: here only starts, enables and removals
+    running = op.units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
+                               deferred=set() if want.drain_restarts else None)
+    if want.ready_command:
+        op.server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command],
+                        _if=running.did_change)
+    if want.attached:
+        op.docker.attached(name="Instances on their frontend networks", containers=want.attached)
+    record_changed: set = set()
+    op.files.managed(name="Release record", files=want.release_files, dirs={paths.STATE_DIR: "0755"},
+                     changed=record_changed)
+    op.server.shell(name="Audit log", commands=[want.audit_command], _if=lambda: bool(record_changed))
+    op.weights.pruned(name="Weights no release on this host uses", directories=want.prune)
+    for line in want.frontend_lines:
+        op.log(line)
+    return running
 
 
 @deploy("nemofleet serving")
 def serve(want: Desired, daemon_changed: set | None = None):
     """The units, their starts and ready wait, the release record; returns the `units.running`
     operation (its did_change says whether an instance was (re)started by this run)."""
-    # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
-    # whenever this run rewrote daemon.json (e.g. repaired a drifted cgroup driver).
-    probe_gpu_access(want, want.gpu_access_record, force=daemon_changed if daemon_changed is not None else False)
-    if want.networks:
-        docker.networks(name="Frontend networks", wanted=want.networks)
-    if want.previous_release and want.previous_release != want.release_id:
-        server.shell(name=f"Keep release {want.previous_release} for rollback", commands=[want.keep_previous_command])
-    changed: set = set()
-    if want.front_door:
-        front_door(want)
-    if want.drain_restarts:
-        # one instance at a time, its unit file then its restart, so the others keep serving and a
-        # run that stops half way leaves every unit file matching the container that runs it
-        for path, unit, command in want.drain_restarts:
-            files.managed(name=f"vLLM unit {unit}", files={path: want.units[path]}, changed=changed)
-            units.daemon_reload(name=f"Reload systemd for {unit}", _if=lambda path=path: path in changed)
-            server.shell(name=f"Restart {unit} through the front door (drain, restart, ready, back in)",
-                         commands=[command], _if=lambda path=path: path in changed)
-    else:
-        files.managed(name="vLLM units", files=want.units, changed=changed)
-        units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
-    # with a front door, running units were restarted above: here only starts, enables and removals
-    running = units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
-                            deferred=set() if want.drain_restarts else None)
-    if want.ready_command:
-        server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command],
-                     _if=running.did_change)
-    if want.attached:
-        docker.attached(name="Instances on their frontend networks", containers=want.attached)
-    record_changed: set = set()
-    files.managed(name="Release record", files=want.release_files, dirs={paths.STATE_DIR: "0755"},
-                  changed=record_changed)
-    server.shell(name="Audit log", commands=[want.audit_command], _if=lambda: bool(record_changed))
-    weights.pruned(name="Weights no release on this host uses", directories=want.prune)
-    for line in want.frontend_lines:
-        host.log(line, logger.info)
-    return running
+    return _serve(want, daemon_changed)
 
 
-def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None) -> None:
+def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None, op=OPS) -> None:
     """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
     (never restarted) only when its config or keys changed. The same steps set up a host's front
     door and the fleet gateway (`gateway()` below, label "Gateway")."""
-    packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
+    op.packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
     door_changed: set = set()
     if want.front_door_files:
-        files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files,
-                      changed=door_changed)
-    files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
-                  changed=door_changed, **({"dirs": secret_dirs} if secret_dirs else {}))
-    frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
-                         path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed,
-                         **({"role": label.lower()} if label != "Front door" else {}))
+        op.files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files,
+                         changed=door_changed)
+    op.files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
+                     changed=door_changed, **({"dirs": secret_dirs} if secret_dirs else {}))
+    op.frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
+                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed,
+                            **({"role": label.lower()} if label != "Front door" else {}))
     if paths.FRONT_DOOR_DROPIN in want.front_door_files:
-        units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
-                            _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
-    started = units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
-    server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
-                 commands=["timeout 120 systemctl reload haproxy"],
-                 _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN, paths.DRAIN_SCRIPT}))
+        op.units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
+                               _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
+    started = op.units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
+    op.server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
+                    commands=["timeout 120 systemctl reload haproxy"],
+                    _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN,
+                                                                                   paths.DRAIN_SCRIPT}))
+
+
+
+
+def _health(want: Desired, started=None, op=OPS) -> None:
+    changed: set = set()
+    op.files.managed(name="Health check script and cron", files=want.health_files, changed=changed)
+    op.server.shell(name="First health check (metrics for nemofleet status)",
+                    commands=[render.first_health_check()],
+                    _if=lambda: bool(changed) or bool(started is not None and started.did_change()))
 
 
 @deploy("nemofleet health")
@@ -228,11 +298,7 @@ def health(want: Desired, started=None) -> None:
     script, one health run now (under the cron's lock, bounded), so `nemofleet status` shows the
     instances' health and load right after a converge instead of after cron's first run. A
     converged re-run changes nothing here and runs nothing."""
-    changed: set = set()
-    files.managed(name="Health check script and cron", files=want.health_files, changed=changed)
-    server.shell(name="First health check (metrics for nemofleet status)",
-                 commands=[render.first_health_check()],
-                 _if=lambda: bool(changed) or bool(started is not None and started.did_change()))
+    _health(want, started)
 
 
 def nemotron() -> None:
@@ -253,30 +319,24 @@ def nemotron() -> None:
 
 
 def fact_reads(want: Desired) -> list[tuple]:
-    """The facts the stages below read, with the arguments they read them with: read ahead in
-    one remote command (facts/prefetch.py). Anything missing here is read by its operation."""
-    from .facts.docker import DaemonJson
-    from .facts.packages import AptPackages
+    """The facts the stages below read, with the arguments they read them with: read ahead in one
+    remote command (facts/prefetch.py). Derived by walking the very stage code converge() runs,
+    with a recorder in place of the operations (each operation declares its read next to itself);
+    anything an operation reads that is not here it reads itself."""
+    sink: list = []
+    op = _recorder(sink)
+    daemon_changed = _configure_host(want, op)
+    _fetch_weights(want, op)
+    started = _serve(want, daemon_changed, op)
+    _health(want, started, op)
+    return sink
 
-    reads = [(DaemonJson, {"path": daemon_json.DAEMON_JSON}), docker.image_reads(want.image)]
-    if want.authorized_key:
-        reads.append(files.key_reads(paths.ROOT_AUTHORIZED_KEYS))
-    reads += [files.reads(f, d) for f, d in ((want.host_files, None), (want.secret_files, want.secret_dirs),
-                                             (want.units, None), (want.release_files, {paths.STATE_DIR: "0755"}),
-                                             (want.health_files, None)) if f]
-    if want.front_door:  # the front door's files and the units it writes one at a time
-        reads += [files.reads(f) for f in (want.front_door_files, want.front_door_secrets)]
-        reads += [frontdoor.reads(paths.FRONT_DOOR_CFG), (AptPackages, {"names": ("haproxy",)}),
-                  units.running_reads(["haproxy.service"])]
-    if want.drain_restarts:
-        reads += [files.reads({path: want.units[path]}) for path, _, _ in want.drain_restarts]
-    reads += [weights.model_reads(d.directory, d.revision, d.full_verify) for d in want.downloads]
-    if want.networks:
-        reads.append(docker.networks_reads(want.networks))
-    reads.append(units.running_reads(want.unit_names))
-    if want.attached:
-        reads.append(docker.attached_reads(want.attached))
-    return reads
+
+def gateway_reads(want: Desired) -> list[tuple]:
+    """The facts the gateway's stage reads (derived the same way)."""
+    sink: list = []
+    _front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=_recorder(sink))
+    return sink
 
 
 def converge() -> None:
@@ -320,8 +380,8 @@ def _gateway_preflight() -> Desired:
 
 @deploy("nemofleet gateway")
 def _gateway_configure(want: Desired) -> None:
-    prefetch.load([files.reads(want.front_door_secrets, want.secret_dirs), frontdoor.reads(paths.FRONT_DOOR_CFG)])
-    front_door(want, label="Gateway", secret_dirs=want.secret_dirs)
+    prefetch.load(gateway_reads(want))
+    _front_door(want, label="Gateway", secret_dirs=want.secret_dirs)
     for line in want.frontend_lines:
         host.log(line, logger.info)
 

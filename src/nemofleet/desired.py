@@ -18,7 +18,7 @@ from . import paths, render, shell, versions
 from . import preflight as checks
 from . import settings as settings_mod
 from .fleet import commands as fleet_commands
-from . import plan as planner
+from . import planning
 from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
 from .plan import Plan, effective_cgroup_driver
 
@@ -369,8 +369,8 @@ def _plan(i: HostInputs, d: Desired) -> Plan | None:
         d.refusals.append(why)
         return None
     try:
-        p = planner.for_host(i.name, facts, s, i.group_facts)
-    except planner.PlanError as exc:
+        p = planning.for_host(i.name, facts, s, i.group_facts)
+    except planning.PlanError as exc:
         d.refusals.append(str(exc))
         return None
     d.warnings += p.warnings

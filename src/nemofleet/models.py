@@ -63,13 +63,21 @@ class Model:
     speculative: tuple[str, ...] = ()
     drafts: dict[str, Draft] = field(default_factory=dict)
     default_spec_tokens: int = 3
-    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell")
+    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell", "sm12x")
     multimodal_limits: dict[str, int] | None = None
     min_total_bytes: int = 0  # optional floor for the whole deployment (generic models)
     trust_remote_code: bool = True
     default_context: int = 131072  # docs/recipes.md#lightning-a100: 131072 is stable on 80 GB
     default_speculative: str | None = None  # docs/recipes.md#lightning-a100: max throughput, no speculation
     draft_bytes: int = 2 * 10**9  # DFlash/DSpark draft checkpoints, order of magnitude
+    # The card's reserve for activations, logits and communication buffers, as a fraction of the
+    # weights on a GPU: the memory model's activations-and-runtime term is at least this much
+    # (0: the memory model's own term, which plans the published recipes that run tighter).
+    # docs/recipes.md#memory-model
+    reserve_fraction: float = 0.0
+    # The card's "safe line": total GPU memory of one instance below which the plan warns with
+    # its figures (0: none stated). docs/recipes.md#super-vl
+    safe_line_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -132,6 +140,8 @@ _SUPER_VL = dict(
     multimodal_limits={"image": 8, "video": 2},
     default_context=262144,  # docs/recipes.md#super-vl
     default_speculative="mtp",  # docs/recipes.md#super-vl: built-in MTP head, 1 token
+    reserve_fraction=0.15,  # docs/recipes.md#super-vl: "reserve 15%-25%" of the weights, the low end
+    safe_line_bytes=400 * GB,  # docs/recipes.md#super-vl: "400 GB of total GPU memory is the safe line"
 )
 
 CATALOG: dict[str, Model] = {
@@ -183,7 +193,7 @@ CATALOG: dict[str, Model] = {
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 SPEC_METHODS = ("mtp", "dflash", "dspark")
-ARCHS = ("ampere", "ada", "hopper", "blackwell")
+ARCHS = ("ampere", "ada", "hopper", "blackwell", "sm12x")
 
 
 class UnknownModel(ValueError):
@@ -208,6 +218,13 @@ def _bad(why: str):
 def _int(minimum: int, maximum: int = vt.INT_MAX):
     def parse(v):
         why = vt.int_problem(v, minimum, maximum)
+        return v if why is None else _bad(why)
+    return parse
+
+
+def _number(minimum: float, maximum: float):
+    def parse(v):
+        why = vt.number_problem(v, minimum, maximum)
         return v if why is None else _bad(why)
     return parse
 
@@ -326,6 +343,8 @@ FIELD_TYPES = {
     "default_context": _int(1, 2**27),
     "default_speculative": _choice(SPEC_METHODS + ("none",), optional=True),
     "draft_bytes": _int(0, 10**14),
+    "reserve_fraction": _number(0.0, 1.0),
+    "safe_line_bytes": _int(0, 10**15),
 }
 
 

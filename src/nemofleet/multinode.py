@@ -1,7 +1,7 @@
 """Multi-node serving groups: one model over several hosts, on vLLM's own distributed runtime.
 
-A pure part of the serving plan (plan.make_plan calls `layout` for a host whose settings name a
-`serving_group`). Every member plans the same group from the same inputs -- the group's settings
+A pure part of the serving plan (planning.for_host calls `make_group_plan` for a host whose
+settings name a `serving_group`; it starts and finishes the plan as plan.make_plan does). Every member plans the same group from the same inputs -- the group's settings
 and every member's facts -- and takes its own rank's part, so the members cannot disagree.
 
 What a group runs (docs/recipes.md#multi-node has the sources):
@@ -24,7 +24,8 @@ import re
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import vllm_flags
-from .plan import GIB, MIB, Gpu, GroupRole, Instance, PlanError, _Ctx, _flags, _layout, _memory, _NoFit, _validate, _viable, gpus_from_facts
+from .plan import (GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, _Ctx, _flags, _layout, _memory, _NoFit,
+                   _validate, _viable, finish, gpus_from_facts, start)
 
 # Interfaces that never carry group traffic: loopback and container/overlay plumbing.
 _PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|vxlan.*|"
@@ -91,6 +92,18 @@ def _member_gpus(name: str, facts: dict, s) -> list[Gpu] | str:
 
 def _shape(gpus: list[Gpu]) -> str:
     return f"{len(gpus)}x {gpu_table.label(gpus[0])}"
+
+
+def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
+                    cdi_available: bool = False, cgroup_version: int | None = None,
+                    cgroup_driver: str | None = None, local_meta: dict | None = None,
+                    peers: dict | None = None) -> Plan:
+    """The plan of `host` as a member of its serving group; `peers`: {member: HostFacts} of every
+    member (this host included). Raises PlanError with one sentence."""
+    s, ctx, usable, warnings = start(gpus, data, local_meta)
+    instances, choice, more, group_env = layout(host, ctx, usable, peers)
+    return finish(host, s, ctx, gpus, instances, [choice], warnings + more, group_env,
+                  docker_version, cdi_available, cgroup_version, cgroup_driver)
 
 
 def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[list[Instance], str, list[str], dict]:
@@ -214,7 +227,7 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                if mode == "pp" else f"TP{tp} over every GPU of the group")
         choice = (f"serving_group {name} ({where}): one instance, {how}; fits with {mem.headroom / GIB:.1f} GiB "
                   f"headroom per GPU ({mem.summary()}) and its KV cache holds {mem.full_context_seqs} full "
-                  f"{ctx.mml}-token sequences at once")
+                  f"{ctx.mml}-token sequence{'' if mem.full_context_seqs == 1 else 's'} at once")
     # the head serves the API on the host's network (--network host): bind_address and port_base
     more += [("--host", s["bind_address"]), ("--port", s["port_base"])]
     role = GroupRole(name=name, members=tuple(members), rank=rank, parallel=mode, head_address=head_addr,

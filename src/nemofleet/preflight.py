@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import plan as planner
+from . import planning
 from . import vllm_flags
 from .settings import Settings, SettingsError
 from .settings import parse as parse_settings
@@ -23,7 +24,7 @@ CUDA_MIN_DRIVER = {
     "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02", "12.0": "525.60.13",
 }
 MIN_DOCKER = (20, 10)  # --gpus needs 19.03; Debian 12's docker.io is 20.10
-MIN_TOOLKIT = planner.MIN_TOOLKIT
+MIN_TOOLKIT = planning.MIN_TOOLKIT
 
 
 @dataclass
@@ -62,7 +63,7 @@ def image_cuda(facts: dict, image: str) -> str:
 
 def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None) -> Verdict:
     """The verdict for one host, composed the way desired.decide composes it (gpu_refusal, the
-    planner's for_host, after_plan); `s` is its Settings (a plain dict of host data is parsed);
+    planning.for_host, after_plan); `s` is its Settings (a plain dict of host data is parsed);
     `peers`: the HostFacts of its serving group's members (multinode.py), if it is in one."""
     v = Verdict(plan=None)
     if not isinstance(s, Settings):
@@ -76,7 +77,7 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
         v.refusals.append(why)
         return v
     try:
-        p = planner.for_host(host, facts, s, {**(peers or {}), host: facts} if s["serving_group"] else None)
+        p = planning.for_host(host, facts, s, {**(peers or {}), host: facts} if s["serving_group"] else None)
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
         return v

@@ -260,3 +260,27 @@ def test_drift_behind_the_tools_back_is_repaired_exactly(converged):
 
     again = pyinfra(hosts=[host])
     assert again.rc == 0 and again.changed() == [], again.changed()
+
+
+def test_status_right_after_the_converge_shows_every_host_in_sync_and_healthy(converged):
+    """The deploy ran the health check once behind the (re)starts (no wait for cron's first run), and
+    status's baseline is the deploy's own decision: every host in sync, every instance healthy, the
+    weights complete at 100 % (tensor bytes against the index's total)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert "nemofleet health | First health check (metrics for nemofleet status)" in converged["first"].changed()
+    nemofleet = str(Path(sys.executable).with_name("nemofleet"))
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([nemofleet, "status", "inventories/testbed.py", *[a for h in HOSTS for a in ("--limit", h)]],
+                       cwd=root, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert out.count("(in sync)") == len(HOSTS), out
+    rows = [ln for ln in out.splitlines() if ln.strip().startswith("nemotron-")]
+    assert len(rows) == 10 and all(" healthy " in ln and "last healthy never" not in ln for ln in rows), out
+    weights = [ln for ln in out.splitlines() if ln.strip().startswith("weights ") and "complete" in ln]
+    assert weights and all("(100%)" in ln for ln in weights if ", complete" in ln), out

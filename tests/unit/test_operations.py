@@ -110,3 +110,54 @@ esac
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert time.time() - t0 >= 0.9 and (tmp_path / "a").read_text().strip() == "9a"
+
+
+def _asked(op, case) -> list[tuple]:
+    """Every (fact class, kwargs) the operation asks for in a fixture case, in order."""
+    from opharness import FakeHost, parse_value
+
+    asked = []
+    real = FakeHost.get_fact
+
+    def recording(self, cls, **kwargs):
+        asked.append((cls, kwargs))
+        return real(self, cls, **kwargs)
+
+    h = case.get("host", {})
+    FakeHost.get_fact = recording
+    try:
+        run(op, kwargs=case.get("kwargs", {}), facts=case.get("facts", {}), host_name=h.get("name", "testhost"),
+            data=h.get("data"), connector=h.get("connector", "ssh"), diff=case.get("diff", False))
+    except Exception:  # noqa: BLE001 - the reads before a raise are what matters here
+        pass
+    finally:
+        FakeHost.get_fact = real
+    return asked
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
+def test_the_read_an_operation_declares_is_the_first_it_asks(path: Path):
+    """deploy.fact_reads() reads ahead what each operation declares with operations.reads_with:
+    the declaration must be exactly the fact the operation asks for first (then the batch answers
+    it and the operation costs no remote command); an operation that asks for a fact through
+    prefetch.fact() must declare it."""
+    from opharness import parse_value
+
+    from nemofleet.facts import prefetch
+
+    case = json.loads(path.read_text())
+    op = load_op(path.parent.name)
+    asked = _asked(op, case)
+    declared = getattr(op, "reads", None)
+    source = Path(op._inner.__code__.co_filename).read_text()
+    body = source.split(f"def {op._inner.__name__}(", 1)[1].split("\n@", 1)[0].split("\ndef ", 1)[0]
+    if declared is None:
+        assert " fact(" not in body, f"{path.parent.name} reads a fact through prefetch.fact() but declares none"
+        return
+    want = declared(**parse_value(case.get("kwargs", {})))
+    if want is None:  # nothing to read for these arguments
+        return
+    if not asked:  # refused its arguments before reading anything (a failing command, no fact)
+        assert case.get("commands") or case.get("exception"), path
+        return
+    assert prefetch.key(*asked[0]) == prefetch.key(*want), (asked[:1], want)

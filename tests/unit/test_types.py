@@ -317,3 +317,9 @@ def test_no_shape_of_value_raises_anything_but_a_sentence(key):
             settings.parse({key: value})
         except settings.SettingsError as exc:
             assert all("\n" not in p.replace("\\n", "") for p in exc.problems), exc.problems
+
+
+def test_model_archs_are_the_gpu_architectures_nemofleet_knows():
+    from nemofleet import gpus
+
+    assert set(models.ARCHS) == set(gpus.ARCHS)

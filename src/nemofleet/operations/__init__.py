@@ -19,6 +19,17 @@ def cmd(*argv) -> StringCommand:
     return StringCommand(shell.join(argv))
 
 
+def reads_with(fn):
+    """Declare, next to an operation, the fact it reads: `fn` takes the operation's keyword
+    arguments and returns (fact class, fact kwargs) -- the pair the operation itself passes to
+    prefetch.fact(). deploy.fact_reads() walks the stages and collects these, so the batched read
+    ahead is derived from the operations the stages call, never listed again by hand."""
+    def attach(op):
+        op.reads = fn
+        return op
+    return attach
+
+
 def fail_command(sentence: str) -> StringCommand:
     """A command that fails only this host with `sentence` on stderr: pyinfra marks a host whose
     command exits non-zero as failed and carries on with the others."""

@@ -20,7 +20,7 @@ from .. import shell, versions
 from ..facts.docker import DaemonJson, DockerInfo
 from ..facts.prefetch import fact
 from ..paths import DAEMON_JSON
-from . import atomic_put, fail_command, temp_path
+from . import atomic_put, fail_command, reads_with, temp_path
 
 # keys dockerd applies on SIGHUP (dockerd docs, configuration reload behavior); the rest need a restart
 RELOADABLE = frozenset({
@@ -177,6 +177,7 @@ def _apply_snippet(path: str, action: str) -> str:
                         "the previous file was restored") + "; exit 1; fi")
 
 
+@reads_with(lambda path=DAEMON_JSON, **_: (DaemonJson, {"path": path}))
 @operation(is_idempotent=True)
 def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_JSON, changed: set | None = None):
     """Merge nemofleet's keys into daemon.json; reload Docker for reloadable keys, restart otherwise.

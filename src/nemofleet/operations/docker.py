@@ -11,7 +11,7 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from ..facts.docker import ContainerNetworks, ImageInfo, Networks
 from ..facts.prefetch import fact
 from .. import shell
-from . import cmd, fail_command
+from . import cmd, fail_command, reads_with
 
 
 # A vLLM image is ~10-20 GB: an hour covers a slow mirror; past that the pull is stuck, and a
@@ -33,6 +33,7 @@ def attached_reads(containers) -> tuple:
     return ContainerNetworks, {"names": tuple(sorted(containers))}
 
 
+@reads_with(lambda ref, **_: image_reads(ref))
 @operation(is_idempotent=True)
 def image(ref: str, archive: str | None = None):
     """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or `docker pull`
@@ -62,6 +63,7 @@ def image(ref: str, archive: str | None = None):
         + shell.fail(f"docker pull {ref} failed: check registry-mirrors in /etc/docker/daemon.json and the host network")))
 
 
+@reads_with(lambda wanted, **_: networks_reads(wanted))
 @operation(is_idempotent=True)
 def networks(wanted: dict[str, bool]):
     """Each frontend network must exist: created when `create` is true, else a clear error."""
@@ -78,6 +80,7 @@ def networks(wanted: dict[str, bool]):
         yield cmd("timeout", 60, "docker", "network", "create", "--", n)
 
 
+@reads_with(lambda containers, **_: attached_reads(containers))
 @operation(is_idempotent=True)
 def attached(containers: dict[str, dict[str, str]]):
     """Running containers are on their frontend networks with their aliases (repairs drift;

@@ -12,7 +12,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from ..facts.files import FilesDigest, FileText
 from ..facts.prefetch import fact
-from . import atomic_put, cmd
+from . import atomic_put, cmd, reads_with
 
 
 def reads(files: dict, dirs: dict | None = None) -> tuple:
@@ -20,6 +20,7 @@ def reads(files: dict, dirs: dict | None = None) -> tuple:
     return FilesDigest, {"paths": tuple(sorted(files) + sorted(dirs or {}))}
 
 
+@reads_with(lambda files, dirs=None, **_: reads(files, dirs))
 @operation(is_idempotent=True)
 def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secret: bool = False,
             dirs: dict[str, str] | None = None):
@@ -56,10 +57,16 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
         yield from atomic_put(content, path, mode)
 
 
+def absent_reads(paths) -> tuple:
+    """The fact absent() reads (read ahead by deploy.py)."""
+    return FilesDigest, {"paths": tuple(sorted(paths))}
+
+
+@reads_with(lambda paths, **_: absent_reads(paths) if paths else None)
 @operation(is_idempotent=True)
 def absent(paths: list[str], removed: set | None = None):
     """Remove files that should no longer exist."""
-    current = fact(FilesDigest, paths=tuple(sorted(paths))) if paths else {}
+    current = fact(*absent_reads(paths)) if paths else {}
     gone = [p for p in sorted(paths) if current.get(p) is not None]
     if not gone:
         host.noop("nothing to remove")
@@ -74,6 +81,7 @@ def key_reads(path: str) -> tuple:
     return FileText, {"path": path}
 
 
+@reads_with(lambda path, **_: key_reads(path))
 @operation(is_idempotent=True)
 def authorized_key(path: str, line: str, key: str):
     """`line` is the only line of `path` (an authorized_keys file) for public key `key`.

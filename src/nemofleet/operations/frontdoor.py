@@ -10,7 +10,7 @@ from pyinfra.api import operation
 
 from ..facts.files import FilesDigest
 from ..facts.prefetch import fact
-from . import atomic_put, temp_path
+from . import atomic_put, reads_with, temp_path
 
 
 def refusal(host_name: str, path: str, role: str = "front door") -> tuple[str, str]:
@@ -25,6 +25,7 @@ def reads(path: str) -> tuple:
     return FilesDigest, {"paths": (path,)}
 
 
+@reads_with(lambda path, **_: reads(path))
 @operation(is_idempotent=True)
 def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy",
                role: str = "front door"):

@@ -19,7 +19,7 @@ from pyinfra.api import StringCommand, operation
 from ..facts.packages import AptPackages
 from ..facts.prefetch import fact
 from .. import shell
-from . import atomic_put, cmd
+from . import atomic_put, cmd, reads_with
 from .files import FilesDigest
 
 APT_UPDATE_TIMEOUT = 300  # seconds for one repository's lists
@@ -116,11 +116,17 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     yield StringCommand(shell.join(["timeout", 120, "apt-mark", "hold", "--", *packages]), ">/dev/null")
 
 
+def installed_reads(packages) -> tuple:
+    """The fact installed() reads (read ahead by deploy.py)."""
+    return AptPackages, {"names": tuple(packages)}
+
+
+@reads_with(lambda packages, **_: installed_reads(packages))
 @operation(is_idempotent=True)
 def installed(packages: list[str]):
     """The distribution's packages installed (any version; e.g. haproxy for the front door). One
     fact, read ahead with the rest; when one is missing: apt-get update then install, both bounded."""
-    have = fact(AptPackages, names=tuple(packages))
+    have = fact(*installed_reads(packages))
     missing = [p for p in packages if not (have.get(p) or {}).get("version")]
     if not missing:
         host.noop(f"{', '.join(packages)} installed")

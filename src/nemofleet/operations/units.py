@@ -10,7 +10,7 @@ from pyinfra.api import StringCommand, operation
 from .. import shell
 from ..facts.units import UnitStates
 from ..facts.prefetch import fact
-from . import cmd
+from . import cmd, reads_with
 
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 # the unit files nemofleet writes (paths.unit_path): the only names of the listing it acts on
@@ -41,6 +41,7 @@ def running_reads(units) -> tuple:
     return UnitStates, {"units": tuple(units)}
 
 
+@reads_with(lambda units, **_: running_reads(units))
 @operation(is_idempotent=True)
 def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
             deferred: set | None = None):
@@ -81,6 +82,7 @@ def daemon_reload():
     yield "systemctl daemon-reload"
 
 
+@reads_with(lambda unit, **_: running_reads([unit]))
 @operation(is_idempotent=True)
 def enabled_and_active(unit: str):
     """One system unit (e.g. haproxy.service) enabled and running; a change only when it was not.

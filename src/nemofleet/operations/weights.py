@@ -14,6 +14,7 @@ from .. import paths, shell
 from . import cmd
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
+from . import reads_with
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
 SEED_KEY = paths.SEED_KEY
@@ -171,6 +172,7 @@ def model_reads(directory: str, revision: str, full_verify: bool) -> tuple:
     return WeightsStatus, {"directory": directory, "revision": revision, "full": full_verify}
 
 
+@reads_with(lambda directory, revision, full_verify=False, **_: model_reads(directory, revision, full_verify))
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
           token_file: str | None = None, full_verify: bool = False, seed: dict | None = None,

@@ -1,0 +1,45 @@
+"""The planner's entry for a host: which plan (a single host's, plan.make_plan, or a serving
+group member's, multinode.make_group_plan) from its HostFacts and Settings.
+
+Above plan.py and multinode.py (both pure, multinode building on plan's parts), below the
+decision (desired.decide) and the preflight checks: the import graph points one way.
+"""
+
+from __future__ import annotations
+
+from . import models as catalog
+from . import multinode, plan, settings, versions
+from .plan import PlanError  # noqa: F401  (callers catch it from here)
+
+MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec
+
+
+def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = None) -> plan.Plan:
+    """The plan for a host from its HostFacts and Settings; `group_facts`: {member: HostFacts} of
+    its whole serving group (this host included) when it is in one. Raises PlanError."""
+    docker, tk = facts["docker"], facts["toolkit"]
+    make = multinode.make_group_plan if s["serving_group"] else plan.make_plan
+    kw = {"peers": group_facts} if s["serving_group"] else {}
+    return make(
+        host, plan.gpus_from_facts(facts["gpus"]["gpus"]), s,
+        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+        docker_version=docker.get("server"),
+        cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
+        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
+        local_meta=checkpoint_meta(facts, s), **kw,
+    )
+
+
+def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
+    """What the checkpoint on the host says of itself (config.json, index), for this commit's
+    directory or, before it exists, any directory of the same repo."""
+    models = facts.get("models") or {}
+    try:
+        model = catalog.resolve(s["model"])
+    except (catalog.UnknownModel, ValueError, TypeError, KeyError):
+        return None  # refused with its sentence by the planner
+    same = models.get(catalog.host_dir_name(model.repo, model.revision))
+    if same:
+        return same
+    repo = catalog.local_dir_name(model.repo)
+    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)
