@@ -113,7 +113,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
             f"apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)")))
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
-    yield StringCommand(shell.join(["timeout", 120, "apt-mark", "hold", "--", *packages]), ">/dev/null")
+    yield StringCommand(shell.join(["timeout", 120, "apt-mark", "hold", *packages]), ">/dev/null")
 
 
 def installed_reads(packages) -> tuple:
