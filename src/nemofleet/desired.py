@@ -200,7 +200,9 @@ def link_source(directory: str, revision: str, on_disk: dict) -> tuple[str, str]
     if name in on_disk:
         return None
     repo = catalog.repo_of_dir(name)
-    same = [(n, m) for n, m in sorted(on_disk.items()) if catalog.repo_of_dir(n) == repo and (m or {}).get("complete")]
+    # names read from disk: only our own `<repo>` or `<repo>@<12 hex>` directories are link sources
+    ours = set(shell.own_names(on_disk, rf"{re.escape(repo)}(?:@[0-9a-f]{{12}})?"))
+    same = [(n, m) for n, m in sorted(on_disk.items()) if n in ours and (m or {}).get("complete")]
     # the same commit under the old name first, then the newest-named per-commit directory
     best = sorted(same, key=lambda nm: (nm[1].get("revision") != revision, "@" not in nm[0]))
     return (f"{root}/{best[0][0]}", best[0][1].get("revision") or "") if best else None

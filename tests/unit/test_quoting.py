@@ -221,3 +221,11 @@ def test_haproxy_refusal_prints_a_host_name_with_percent_and_quotes_as_text(tmp_
     r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
     assert r.returncode == 1 and f"of {name} fails haproxy -c ([ALERT] bad line 3)" in r.stderr, r.stderr
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_link_source_is_one_of_our_own_directories():
+    repo = "nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+    on_disk = {f"{repo}@$(touch x)": {"complete": True, "revision": REV}, f"{repo}@*": {"complete": True},
+               f"{repo}@aaaaaaaaaaaa": {"complete": True, "revision": "a" * 40}}
+    assert desired.link_source(f"/m/{repo}@0123456789ab", REV, on_disk) == (f"/m/{repo}@aaaaaaaaaaaa", "a" * 40)
+    assert desired.link_source(f"/m/{repo}@0123456789ab", REV, {f"{repo}@$(x)": {"complete": True}}) is None
