@@ -14,7 +14,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, paths
+from . import bootstrap, paths, runlock
 from . import settings as settings_mod
 from .desired import SECRET_KEYS, Desired, build, to_resolve
 from .facts.host import HostFacts
@@ -107,7 +107,7 @@ def desired() -> Desired:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
     return build(host.name, d, facts, read_secrets(d), operator=operator(),
-                 lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(), groups=host.groups,
+                 lock_token=runlock.token(), now=time.time(), groups=host.groups,
                  peers=peers, peer_data=peer_data)
 
 
@@ -116,8 +116,8 @@ def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
     want = desired()
     host.log(want.summary, logger.info)
-    preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
-                      warnings=want.warnings)
+    runlock.exempt(preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
+                                     warnings=want.warnings))  # a refusal changes nothing: no lock for it
     return want
 
 
@@ -250,6 +250,7 @@ def nemotron() -> None:
         python.call(name="Preflight and converge on the freshly installed host", function=converge)
     elif pending is not None:
         converge()
+    runlock.guard()  # a plain run takes the deploy lock before its first change (runlock.py)
 
 
 def fact_reads(want: Desired) -> list[tuple]:
@@ -297,6 +298,7 @@ def gpu_probe_only() -> None:
         return
     docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
     probe_gpu_access(want, want.gpu_access_record, force=True)
+    runlock.guard()
 
 
 def preflight_only() -> None:
