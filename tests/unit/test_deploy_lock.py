@@ -386,3 +386,56 @@ def test_release_on_an_unreachable_host_says_unreachable(fleet, capsys, monkeypa
     assert "h1             NOT released: unreachable (could not connect to h1: timed out)" in cap.out
     assert "could not reach h1" in cap.err and "someone else" not in cap.err + cap.out
     assert cli.main(["lock", "release", inv, "--force"]) == 2 and "unreachable" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- real pyinfra, @local
+
+def pyinfra_run(tmp_path, monkeypatch, ops):
+    """Run `ops` [(name, shell commands, _if)] with pyinfra's own API on @local, the lock under
+    tmp_path, each op guarded as deploys/nemotron.py does; returns (lock held before disconnect,
+    the lock commands run, the results)."""
+    from pyinfra.api import Config, Inventory, State as PyinfraState
+    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operation import add_op
+    from pyinfra.api.operations import run_ops
+    from pyinfra.operations import server
+
+    monkeypatch.setattr(commands, "_LOCK_VARS", f"s={tmp_path}; d={tmp_path}/lock; now=$(date +%s)")
+    monkeypatch.delenv(driver.LOCK_TOKEN_ENV, raising=False)
+    monkeypatch.setattr(runlock, "_TAKEN", {})
+    lock_commands = []
+    real_run = runlock._run
+    monkeypatch.setattr(runlock, "_run", lambda s, h, script: lock_commands.append(script) or real_run(s, h, script))
+    inventory = Inventory((["@local"], {}))
+    state = PyinfraState(inventory, Config())
+    connect_all(state)
+    for name, cmds, if_ in ops:
+        add_op(state, server.shell, name=name, commands=cmds, _if=if_)
+    for h in inventory:
+        runlock.guard(state, h)
+    try:
+        run_ops(state)
+    except PyinfraError:
+        pass  # "No hosts remaining!": the CLI then disconnects in its finally, as here
+    finally:
+        held = (tmp_path / "lock").exists()
+        disconnect_all(state)
+    return held, lock_commands, state.get_results_for_host(next(iter(inventory)))
+
+
+def test_real_pyinfra_takes_before_the_first_command_and_releases_after_a_failure(tmp_path, monkeypatch):
+    lock = tmp_path / "lock"
+    held, lock_commands, results = pyinfra_run(tmp_path, monkeypatch, [
+        ("converged", ["true"], lambda: False),
+        ("the lock is held by its first command", [f"test -d {lock}"], None),
+        ("fails", ["false"], None),
+        ("skipped", [f"touch {tmp_path}/never"], None)])
+    assert results.success_ops == 2 and results.error_ops == 1 and not (tmp_path / "never").exists()
+    assert held and not lock.exists() and len(lock_commands) == 2  # take, then release at disconnect
+
+
+def test_real_pyinfra_converged_run_runs_no_lock_command(tmp_path, monkeypatch):
+    held, lock_commands, results = pyinfra_run(tmp_path, monkeypatch, [
+        ("converged", ["true"], lambda: False), ("also", ["true"], lambda: False)])
+    assert results.success_ops == 2 and not held and lock_commands == []
