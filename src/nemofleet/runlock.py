@@ -24,7 +24,8 @@ What was chosen, and why:
   host it connected to in a `finally` after the run: when the host converged, when it failed
   part way (its remaining operations skipped), and when the run stopped on an error (too many
   failed hosts, an exception). guard() wraps that host's `disconnect` so that it first releases
-  the lock it took (one remote command), while the connection is still open. pyinfra's state
+  the lock it took (one remote command), while the connection is still open; a disconnect from
+  within an operation (the reconnect after a reboot) keeps it. pyinfra's state
   callbacks do not do: `host_disconnect` fires after the connection is closed, and
   `operation_host_error` misses a run that stops on an error.
 - **A killed controller** (SIGKILL, power loss) cannot release: the lock carries its expiry
@@ -125,7 +126,10 @@ def _wrap(state, host, generator):
 
 def _releasing(host, disconnect):
     def disconnect_after_release(*args, **kwargs):
-        release(host)  # never raises
+        # a disconnect inside an operation (operations/reboot.py reconnects after its reboot) is
+        # not the end of the run: the lock stays (on disk) across the reboot
+        if getattr(host, "executing_op_hash", None) is None:
+            release(host)  # never raises
         return disconnect(*args, **kwargs)
 
     setattr(disconnect_after_release, _WRAPPED, True)

@@ -26,6 +26,7 @@ class Host:
     def __init__(self, name, state_dir, state):
         self.name, self.state_dir, self.state = name, state_dir, state
         self.logs, self.scripts, self.disconnected, self.down = [], [], False, False
+        self.executing_op_hash = None  # pyinfra sets it while an operation runs on the host
 
     def run_shell_command(self, command, **kwargs):
         if self.down:
@@ -171,6 +172,21 @@ def test_failed_host_releases_at_disconnect(run):
     assert execute(state, host, "a") == (False, ["echo ok", "false"])  # "false" failed: the host stops here
     assert run.lock.exists()
     host.disconnect()
+    assert not run.lock.exists()
+
+
+def test_a_disconnect_inside_an_operation_keeps_the_lock(run):
+    """operations/reboot.py disconnects and reconnects around a reboot: not the end of the run."""
+    state, host = run()
+    op(state, host, "a", "echo change")
+    runlock.guard(state, host)
+    state.is_executing = True
+    assert execute(state, host, "a")[0]
+    host.executing_op_hash = "reboot"
+    host.disconnect()
+    assert host.disconnected and run.lock.exists() and len(host.scripts) == 1
+    host.executing_op_hash = None
+    host.disconnect()  # the CLI's, after the run
     assert not run.lock.exists()
 
 
