@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYINFRA, ROOT, on, pyinfra, served_alone
+from conftest import PYINFRA, ROOT, Run, on, pyinfra, served_alone
 
 pytestmark = pytest.mark.e2e
 HOST = "a100-1"
@@ -96,6 +96,31 @@ def test_second_concurrent_plain_deploy_is_refused_with_the_holders_name(host):
     assert not lock_info()
     again = pyinfra(hosts=[HOST])
     assert again.rc == 0 and again.changed() == [] and not lock_info(), again.out[-4000:]
+
+
+def test_two_plain_deploys_started_at_once_one_holds_the_other_is_refused(host):
+    """Both may pass preflight while the host is free: the atomic take decides, and the other stops
+    before its first change with the winner's name."""
+    drift()
+    on(HOST, f"iptables -I {DROP}")
+    runs = {name: start_deploy({"NEMOFLEET_OPERATOR": name}) for name in ("gina", "hank")}
+    try:
+        end = time.time() + 600
+        while not lock_info() and time.time() < end:
+            time.sleep(0.5)
+        winner = lock_info()["holder"].split("@")[0]
+        loser = "hank" if winner == "gina" else "gina"
+        out = runs[loser].communicate(timeout=600)[0]
+        lost = Run(subprocess.CompletedProcess([], runs[loser].returncode, out, ""))
+        assert lost.rc != 0 and lost.changed() == [], out[-4000:]
+        assert re.search(rf"nemofleet refused {HOST}: this host is locked by {winner}@\S+ since \S+ "
+                         r"\(plain pyinfra deploy\)", out), out[-4000:]
+        assert lock_info()["holder"].startswith(winner + "@")
+    finally:
+        on(HOST, f"iptables -D {DROP}", check=False)
+    out = runs[winner].communicate(timeout=900)[0]
+    assert runs[winner].returncode == 0 and "deploy lock released" in out, out[-4000:]
+    assert not lock_info()
 
 
 def test_lock_of_a_killed_controller_expires_and_is_taken_over(host):
