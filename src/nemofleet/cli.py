@@ -266,25 +266,35 @@ def cmd_lock(a) -> int:
             else:
                 print(f"{h:<14} free")
         return 0
-    # a lock taken by hand: its token is the operator's own unless one is given, so the same
-    # operator releases it, and deploys run with NEMOFLEET_LOCK_TOKEN set to it pass the lock
-    token = os.environ.get(driver.LOCK_TOKEN_ENV) or f"manual:{driver.operator()}"
+    # a lock taken by hand: its token is a random secret printed once, to its holder (or the one
+    # already exported, to lock more hosts under it); releasing it needs that token or --force
+    token = os.environ.get(driver.LOCK_TOKEN_ENV) or None
     if a.action == "acquire":
         held, rc = _fleet(lambda: lock.acquire(a.inventory, hosts, a.message, _ttl(a), token), "lock")
         if held is None:
             return rc
-        print(f"locked {len(held.hosts)} host(s) for {held.ttl // 60} min; deploys under this lock: "
-              f"export {driver.LOCK_TOKEN_ENV}={token}")
+        print(f"locked {len(held.hosts)} host(s) for {held.ttl // 60} min; deploys under this lock (and its "
+              f"release) need its token, shown only now:\nexport {driver.LOCK_TOKEN_ENV}={held.token}")
         return 0
+    if not a.force:
+        if not token:
+            print(f"lock release refused: it needs the holder's token in {driver.LOCK_TOKEN_ENV} (printed once by "
+                  "`nemofleet lock acquire`), or --force to break an abandoned lock", file=sys.stderr)
+            return 2
+        if _fleet(lock.check_token, "lock release", token)[0] is None:
+            return 2
     answers = lock.release_hosts(a.inventory, hosts, token, a.force)
     for h, sentence in answers.items():
         print(f"{h:<14} {sentence}")
-    refused = [h for h, sentence in answers.items() if sentence.startswith("NOT")]
+    unreachable = [h for h, sentence in answers.items() if sentence.startswith("NOT released: unreachable")]
+    refused = [h for h, sentence in answers.items() if sentence.startswith("NOT") and h not in unreachable]
+    if unreachable:
+        print(f"lock release could not reach {', '.join(unreachable)}: its lock (if any) stays until it expires "
+              "or a release reaches it", file=sys.stderr)
     if refused:
         print(f"lock release refused on {', '.join(refused)}: held by someone else (`nemofleet lock status`); "
               "--force releases it anyway", file=sys.stderr)
-        return 2
-    return 0
+    return 2 if refused or unreachable else 0
 
 
 def cmd_rebuild(a) -> int:
@@ -329,7 +339,7 @@ def main(argv=None) -> int:
     st.set_defaults(fn=cmd_settings)
     m = sub.add_parser("models", help="the model catalog")
     m.set_defaults(fn=cmd_models)
-    ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h)"
+    ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"
     r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
     r.add_argument("inventory")
     r.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")

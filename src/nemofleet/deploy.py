@@ -15,7 +15,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, paths, render
+from . import bootstrap, paths, render, runlock
 from . import settings as settings_mod
 from . import inputs
 from .desired import Desired, decide
@@ -94,8 +94,7 @@ def host_inputs() -> HostInputs:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
     return inputs.make(host.name, d, facts, inputs.read_secrets(d), groups=host.groups, operator=operator(),
-                       lock_token=os.environ.get("NEMOFLEET_LOCK_TOKEN"), now=time.time(),
-                       peers=peers, peer_data=peer_data)
+                       lock_token=runlock.token(), now=time.time(), peers=peers, peer_data=peer_data)
 
 
 def desired() -> Desired:
@@ -107,8 +106,8 @@ def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
     want = desired()
     host.log(want.summary, logger.info)
-    preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
-                      warnings=want.warnings)
+    runlock.exempt(preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
+                                     warnings=want.warnings))  # a refusal changes nothing: no lock for it
     return want
 
 
@@ -316,6 +315,7 @@ def nemotron() -> None:
         python.call(name="Preflight and converge on the freshly installed host", function=converge)
     elif pending is not None:
         converge()
+    runlock.guard()  # a plain run takes the deploy lock before its first change (runlock.py)
 
 
 def fact_reads(want: Desired) -> list[tuple]:
@@ -357,6 +357,7 @@ def gpu_probe_only() -> None:
         return
     docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
     probe_gpu_access(want, want.gpu_access_record, force=True)
+    runlock.guard()
 
 
 def preflight_only() -> None:

@@ -88,6 +88,7 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
     rc, out = nemofleet("lock", "acquire", "inventories/testbed.py", "--message", "maintenance",
                         env={"NEMOFLEET_OPERATOR": "alice"})
     assert rc == 0, out
+    token = re.search(r"^export NEMOFLEET_LOCK_TOKEN=([0-9a-f]{32})$", out, re.M).group(1)  # shown once
     try:
         rc, out = nemofleet("rollout", "inventories/testbed.py", "--data", f"vllm_image={NEW}")
         assert rc == 2
@@ -100,10 +101,11 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
         assert re.search(r"nemofleet refused a100-1: this host is locked by alice@\S+ since [^,]+ \(maintenance\), "
                          r".*wait for it \(`nemofleet lock status`\) or, if it is abandoned, "
                          r"`nemofleet lock release --force`", plain.out), plain.out[-3000:]
-        rc, out = nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_OPERATOR": "bob"})
-        assert rc == 2 and "held by someone else" in out  # only the holder (or --force) releases
+        rc, out = nemofleet("lock", "release", "inventories/testbed.py",
+                            env={"NEMOFLEET_OPERATOR": "bob", "NEMOFLEET_LOCK_TOKEN": "0" * 32})
+        assert rc == 2 and "held by someone else" in out  # only the holder's token (or --force) releases
     finally:
-        nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_OPERATOR": "alice"})
+        nemofleet("lock", "release", "inventories/testbed.py", env={"NEMOFLEET_LOCK_TOKEN": token})
     assert "free" in nemofleet("lock", "status", "inventories/testbed.py")[1]
 
 

@@ -3,6 +3,7 @@ run with bash against a temporary state directory to prove they work."""
 import os
 import stat
 import subprocess
+import time
 
 import pytest
 
@@ -66,21 +67,23 @@ def test_lock_acquire_golden():
         "s=/var/lib/nemofleet; d=/var/lib/nemofleet/lock; now=$(date +%s); mkdir -p \"$s\"\n"
         f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {T1} ]; then echo state=OWNED; "
         "echo now=$now; exit 0; fi\n"
-        "exp=$(sed -n 's/^expires=//p' \"$d/info\" 2>/dev/null)\n"
-        "case $exp in ''|*[!0-9]*) exp='';; esac\n"
-        "if [ -d \"$d\" ] && [ -n \"$exp\" ] && [ \"$exp\" -le \"$now\" ]; then\n"
+        "find \"$s\" -maxdepth 1 -name 'lock.*.*' -mmin +60 -exec rm -rf {} + 2>/dev/null\n"
+        "expiry() { e=$(sed -n 's/^expires=//p' \"$1/info\" 2>/dev/null); case $e in ''|*[!0-9]*) "
+        "e=$(( $(stat -c %Y \"$1\" 2>/dev/null || echo 0) + 7200 ));; esac; echo \"$e\"; }\n"
+        "if [ -d \"$d\" ] && exp=$(expiry \"$d\") && [ \"$exp\" -le \"$now\" ]; then\n"
         "  t=\"$d.expired.$$\"\n"
-        "  if mv \"$d\" \"$t\" 2>/dev/null; then\n"
-        "    if [ \"$(sed -n 's/^expires=//p' \"$t/info\" 2>/dev/null)\" = \"$exp\" ]; then\n"
-        "      sed 's/^/expired_/' \"$t/info\"; rm -rf \"$t\"\n"
-        "    else mv \"$t\" \"$d\" 2>/dev/null || true; fi\n"
+        "  if mv -T \"$d\" \"$t\" 2>/dev/null; then\n"
+        "    if [ \"$(expiry \"$t\")\" = \"$exp\" ]; then\n"
+        "      if [ -r \"$t/info\" ]; then sed 's/^/expired_/' \"$t/info\"; else echo expired_holder=unknown; fi\n"
+        "      rm -rf \"$t\"\n"
+        "    else mv -T \"$t\" \"$d\" 2>/dev/null || true; fi\n"
         "  fi\n"
         "fi\n"
-        "if mkdir \"$d\" 2>/dev/null; then\n"
-        "  printf 'holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n' alice@ctl "
-        f"{T1} \"$(date -u +%FT%TZ)\" \"$((now + 7200))\" drain > \"$d/info.tmp\" && mv \"$d/info.tmp\" \"$d/info\"\n"
-        "  echo state=ACQUIRED\n"
-        "else echo state=HELD; if [ -r \"$d/info\" ]; then cat \"$d/info\"; else echo holder=unknown; fi; fi\n"
+        "n=\"$d.new.$$\"; rm -rf \"$n\"\n"
+        "if mkdir \"$n\" && printf 'holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n' alice@ctl "
+        f"{T1} \"$(date -u +%FT%TZ)\" \"$((now + 7200))\" drain > \"$n/info\" && [ ! -e \"$d\" ] && mv -T \"$n\" \"$d\" 2>/dev/null; "
+        "then echo state=ACQUIRED\n"
+        "else rm -rf \"$n\"; echo state=HELD; if [ -r \"$d/info\" ]; then cat \"$d/info\"; else echo holder=unknown; fi; fi\n"
         "echo now=$now\n")
 
 
@@ -170,9 +173,68 @@ def test_unexpired_lock_is_not_taken_over(sandbox):
 
 
 def test_lock_without_info_is_held_by_unknown(sandbox):
-    (sandbox.state / "lock").mkdir()  # a holder that died between mkdir and writing its info
+    (sandbox.state / "lock").mkdir()  # an older nemofleet that died between mkdir and writing its info
     out = sandbox(commands.lock_acquire("bob@ctl", "t2", 7200, ""))
     assert out["state"] == "HELD" and out["holder"] == "unknown"
+
+
+def test_lock_without_info_expires_by_its_age(sandbox):
+    lock = sandbox.state / "lock"
+    lock.mkdir()
+    old = time.time() - commands.NO_INFO_TTL - 5
+    os.utime(lock, (old, old))
+    out = sandbox(commands.lock_acquire("bob@ctl", "t2", 7200, ""))
+    assert out["state"] == "ACQUIRED" and out["expired_holder"] == "unknown"
+    assert sandbox(commands.lock_status())["holder"] == "bob@ctl"
+
+
+def test_acquire_appears_with_its_info_in_one_step(sandbox):
+    """Every lock a controller leaves has its expiry: the info is written before the directory is
+    renamed into place, so the script killed at any line leaves no lock or a complete one."""
+    script = commands.lock_acquire("alice@ctl", "t1", 7200, "")
+    lines = script.splitlines()
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("if mkdir"))
+    # the script up to its last step, then that step without its rename: a controller killed there
+    sandbox("\n".join(lines[:cut]) + "\nn=\"$d.new.$$\"; mkdir \"$n\" && echo holder=x > \"$n/info\"\n")
+    assert not (sandbox.state / "lock").exists()  # no lock at all, only a temporary directory
+    assert sandbox(commands.lock_status())["state"] == "FREE"
+    assert sandbox(script)["state"] == "ACQUIRED"
+    info = (sandbox.state / "lock/info").read_text()
+    assert "expires=" in info and f"token_sha256={T1}" in info
+
+
+def test_two_acquires_at_once_one_wins(sandbox):
+    """Racing controllers: exactly one holds the lock, the others are told who does."""
+    procs = []
+    for i in range(6):
+        script = commands.lock_acquire(f"c{i}@ctl", f"t{i}", 7200, "").replace(paths.STATE_DIR, str(sandbox.state))
+        procs.append(subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True))
+    outs = [lockinfo.parse(p.communicate(timeout=30)[0].splitlines()) for p in procs]
+    winners = [i for i, o in enumerate(outs) if o["state"] == "ACQUIRED"]
+    assert len(winners) == 1
+    holder = sandbox(commands.lock_status())["holder"]
+    assert holder == f"c{winners[0]}@ctl"
+    assert all(o["holder"] == holder for o in outs if o["state"] == "HELD")
+    assert [p.name for p in sandbox.state.iterdir()] == ["lock"]  # no temporary directory left
+
+
+def test_stale_temporary_directories_are_removed(sandbox):
+    stale = sandbox.state / "lock.new.4242"
+    stale.mkdir()
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    sandbox(commands.lock_acquire("alice@ctl", "t1", 7200, ""))
+    assert not stale.exists()
+
+
+def test_forged_token_cannot_release_or_refresh(sandbox):
+    """What `lock status` shows (holder, digest) is not the token: neither releases the lock."""
+    sandbox(commands.lock_acquire("alice@ctl", "a" * 32, 7200, ""))
+    st = sandbox(commands.lock_status())
+    for forged in (f"manual:{st['holder']}", st["token_sha256"], "manual:alice@ctl"):
+        assert sandbox(commands.lock_release(forged))["state"] == "NOT_HOLDER"
+        assert sandbox(commands.lock_refresh(forged, 60))["state"] == "LOST"
+    assert sandbox(commands.lock_release("a" * 32))["state"] == "RELEASED"
 
 
 def test_refresh_extends_only_the_holders_lock(sandbox):

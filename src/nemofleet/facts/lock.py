@@ -1,11 +1,14 @@
 """The deploy lock as a pyinfra fact, for the deploy's preflight.
 
     info = host.get_fact(DeployLock)
-    why = lock_refusal(info, os.environ.get("NEMOFLEET_LOCK_TOKEN"), time.time())
+    why = lock_refusal(info, runlock.token(), time.time())
 
 A rollout exports its lock token to the deploys it runs (NEMOFLEET_LOCK_TOKEN), so its own
 deploy goes on while a plain `pyinfra ... deploys/nemotron.py` of someone else is refused with
-the holder's name. The lock itself: nemofleet.fleet.commands (layout) and nemofleet.fleet.lock.
+the holder's name. This is the early check, before anything is decided; a plain run then takes
+the lock itself with its first change (nemofleet.runlock), which settles a race between two runs
+that both passed this check. The lock itself: nemofleet.fleet.commands (layout) and
+nemofleet.fleet.lock.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ with exact strings and run with `bash` against a temporary state directory
 print `key=value` lines the controller parses (see `nemofleet.fleet.lockinfo.parse`), and
 bound every wait they contain (`flock -w`, `timeout`).
 
-Lock layout: `paths.LOCK` is a directory made with an atomic `mkdir` (whoever creates it holds
-the lock); `LOCK/info` holds `holder=`, `token_sha256=`, `since=`, `expires=` (Unix time) and
+Lock layout: `paths.LOCK` is a directory that appears with its info file in one atomic rename
+(whoever renames theirs into place holds the lock; see lock_acquire); `LOCK/info` holds `holder=`, `token_sha256=`, `since=`, `expires=` (Unix time) and
 `message=`. Only the SHA-256 of the holder's token is stored: reading the info file (lock status,
 the deploy's DeployLock fact) never reveals a token that would release the lock.
 """
@@ -42,12 +42,32 @@ def _show_info(prefix: str = "") -> str:
     return f"if [ -r \"$d/info\" ]; then {sed}; else echo {prefix}holder=unknown; fi"
 
 
+# a lock dir without a readable expiry (an older nemofleet that died between its `mkdir` and its
+# info file) expires this long after it was made (its mtime): the default TTL of nemofleet.fleet.lock
+NO_INFO_TTL = 2 * 3600
+
+# `expiry DIR`: the expires= of DIR/info, or DIR's mtime + NO_INFO_TTL when it has none
+_EXPIRY = ("expiry() { e=$(sed -n 's/^expires=//p' \"$1/info\" 2>/dev/null); "
+           "case $e in ''|*[!0-9]*) e=$(( $(stat -c %Y \"$1\" 2>/dev/null || echo 0) + " + str(NO_INFO_TTL) + " ));; "
+           "esac; echo \"$e\"; }")
+
+
 def lock_acquire(holder: str, token: str, ttl: int, message: str) -> str:
     """Take the deploy lock. Prints `state=ACQUIRED` (ours now), `state=OWNED` (already held with
     this token: a rollout run under `nemofleet lock acquire`'s token) or `state=HELD` and the
-    holder's info. An expired lock is taken over first (`expired_*=` lines name the old holder);
-    the takeover renames the old directory away and re-checks that it moved the expired lock
-    (not a fresh one taken meanwhile by another controller), else puts it back."""
+    holder's info.
+
+    The lock appears in one atomic step: its info file is written into a fresh temporary
+    directory, which is then renamed onto `paths.LOCK` (`mv -T`: rename(2), which fails while
+    the lock exists with its info; the `[ ! -e ]` before it keeps an empty lock directory an older
+    nemofleet may have just made from being replaced). A controller killed at any point leaves either no lock or a
+    lock with its expiry, never a lock without one (a leftover temporary directory is not the
+    lock, and is removed an hour later by the next acquire).
+
+    An expired lock is taken over first (`expired_*=` lines name the old holder); the takeover
+    renames the old directory away and re-checks that it moved the expired lock (not a fresh one
+    taken meanwhile by another controller), else puts it back. A lock without info (made by an
+    older nemofleet) expires NO_INFO_TTL after it was made."""
     digest = token_digest(token)
     fields = "holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n"
     write = (f"printf '{fields}' {shlex.quote(one_line(holder))} {digest} \"$(date -u +%FT%TZ)\" "
@@ -56,20 +76,20 @@ def lock_acquire(holder: str, token: str, ttl: int, message: str) -> str:
         f"{_LOCK_VARS}; mkdir -p \"$s\"\n"
         f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {digest} ]; then "
         "echo state=OWNED; echo now=$now; exit 0; fi\n"
-        "exp=$(sed -n 's/^expires=//p' \"$d/info\" 2>/dev/null)\n"
-        "case $exp in ''|*[!0-9]*) exp='';; esac\n"
-        "if [ -d \"$d\" ] && [ -n \"$exp\" ] && [ \"$exp\" -le \"$now\" ]; then\n"
+        "find \"$s\" -maxdepth 1 -name 'lock.*.*' -mmin +60 -exec rm -rf {} + 2>/dev/null\n"
+        f"{_EXPIRY}\n"
+        "if [ -d \"$d\" ] && exp=$(expiry \"$d\") && [ \"$exp\" -le \"$now\" ]; then\n"
         "  t=\"$d.expired.$$\"\n"
-        "  if mv \"$d\" \"$t\" 2>/dev/null; then\n"
-        "    if [ \"$(sed -n 's/^expires=//p' \"$t/info\" 2>/dev/null)\" = \"$exp\" ]; then\n"
-        "      sed 's/^/expired_/' \"$t/info\"; rm -rf \"$t\"\n"
-        "    else mv \"$t\" \"$d\" 2>/dev/null || true; fi\n"
+        "  if mv -T \"$d\" \"$t\" 2>/dev/null; then\n"
+        "    if [ \"$(expiry \"$t\")\" = \"$exp\" ]; then\n"
+        "      if [ -r \"$t/info\" ]; then sed 's/^/expired_/' \"$t/info\"; else echo expired_holder=unknown; fi\n"
+        "      rm -rf \"$t\"\n"
+        "    else mv -T \"$t\" \"$d\" 2>/dev/null || true; fi\n"
         "  fi\n"
         "fi\n"
-        "if mkdir \"$d\" 2>/dev/null; then\n"
-        f"  {write} > \"$d/info.tmp\" && mv \"$d/info.tmp\" \"$d/info\"\n"
-        "  echo state=ACQUIRED\n"
-        f"else echo state=HELD; {_show_info()}; fi\n"
+        "n=\"$d.new.$$\"; rm -rf \"$n\"\n"
+        f"if mkdir \"$n\" && {write} > \"$n/info\" && [ ! -e \"$d\" ] && mv -T \"$n\" \"$d\" 2>/dev/null; then echo state=ACQUIRED\n"
+        f"else rm -rf \"$n\"; echo state=HELD; {_show_info()}; fi\n"
         "echo now=$now\n")
 
 

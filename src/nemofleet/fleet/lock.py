@@ -1,13 +1,18 @@
 """The deploy lock: `with_lock(...)`, the one way rollout, rollback, rebuild and `nemofleet lock`
 take it.
 
-On every host an atomic `mkdir` (commands.lock_acquire) with an info file: holder
-(operator@machine), the SHA-256 of a random token, since, expiry (default 2 h) and a message.
+On every host a directory that appears with its info file in one atomic rename
+(commands.lock_acquire): holder (operator@machine), the SHA-256 of a random token, since, expiry
+(default 2 h, at most 7 days) and a message.
 Only the token's holder releases it (`--force` breaks an abandoned lock); an expired lock is
 taken over, and the takeover is reported. The token goes to the pyinfra deploys the holder
 runs as NEMOFLEET_LOCK_TOKEN, so the deploy's preflight (facts/lock.py) lets them through and
 refuses a foreign plain deploy. A token already in the environment (printed by
-`nemofleet lock acquire`) is reused: the rollout then runs under that lock and leaves it held.
+`nemofleet lock acquire`, shown once to its holder) is reused: the rollout then runs under that
+lock and leaves it held. A token is always 128 random bits: one given from outside that is not
+(an operator's name, the digest `lock status` shows) is refused, so nobody but the holder can
+release a lock or run under it. A plain `pyinfra ... deploys/nemotron.py` takes the same lock
+itself (nemofleet.runlock).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from dataclasses import dataclass, field
 from . import commands, driver, lockinfo
 from .driver import LOCK_TOKEN_ENV, FleetError
 
-DEFAULT_TTL = 2 * 3600
+DEFAULT_TTL = commands.NO_INFO_TTL  # 2 h
+MAX_TTL = 7 * 86400  # --lock-ttl's maximum: a killed controller's lock blocks the hosts at most this long
+TOKEN_HEX = 32  # a lock token: 128 random bits as hex, shown only to its holder
 LOCK_TIMEOUT = 120  # seconds for one lock command on all hosts
 
 
@@ -30,14 +37,31 @@ class LockHeld(FleetError):
 
 
 def parse_ttl(text: str) -> int:
-    """'7200', '90m', '2h', '1d' -> seconds (at least 60)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", str(text))
+    """'7200', '90m', '2h', '1d' -> seconds (at least a minute, at most MAX_TTL)."""
+    m = re.fullmatch(r"\s*([0-9]{1,12})\s*([smhd]?)\s*", str(text))
     if not m:
         raise FleetError(f"--lock-ttl {text!r} must be seconds or N followed by s, m, h or d (e.g. 2h)")
     seconds = int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
     if seconds < 60:
         raise FleetError(f"--lock-ttl {text} is under a minute; a rollout would lose its lock mid-batch")
+    if seconds > MAX_TTL:
+        raise FleetError(f"--lock-ttl {text.strip()} is over {MAX_TTL // 86400} days; a lock left by a killed "
+                         "controller would block the fleet that long (a rollout refreshes its lock every batch)")
     return seconds
+
+
+def check_token(token: str) -> str:
+    """A lock token given from outside (NEMOFLEET_LOCK_TOKEN) must be one nemofleet made: a
+    random secret of TOKEN_HEX hex digits. A guessable one (an operator's name) would let anyone
+    who can read `lock status` release the lock or deploy under it."""
+    if not re.fullmatch(r"[0-9a-f]{%d}" % TOKEN_HEX, token or ""):
+        raise FleetError(f"{LOCK_TOKEN_ENV} is not a lock token nemofleet made ({TOKEN_HEX} hex digits, printed "
+                         "once by `nemofleet lock acquire`); unset it to take a new lock")
+    return token
+
+
+def new_token() -> str:
+    return secrets.token_hex(TOKEN_HEX // 2)
 
 
 def held_sentence(host: str, info: dict | None) -> str:
@@ -78,7 +102,8 @@ class Held:
 def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_TTL,
             token: str | None = None, log=print) -> Held:
     """Take the lock on every host at once; on any refusal give back what was taken and raise."""
-    held = Held(inventory, token or os.environ.get(LOCK_TOKEN_ENV) or secrets.token_hex(16), ttl)
+    given = token or os.environ.get(LOCK_TOKEN_ENV)
+    held = Held(inventory, check_token(given) if given else new_token(), ttl)
     answers = driver.exec_all(inventory, hosts, commands.lock_acquire(driver.operator(), held.token, ttl, message),
                               LOCK_TIMEOUT)
     problems = []
@@ -140,7 +165,9 @@ def status(inventory: str, hosts: list[str]) -> dict[str, dict | None]:
 
 
 def release_hosts(inventory: str, hosts: list[str], token: str | None, force: bool) -> dict[str, str]:
-    """`nemofleet lock release`: {host: sentence} for each host."""
+    """`nemofleet lock release`: {host: sentence} for each host; a sentence starts with "NOT
+    released: unreachable" for a host that did not answer, "NOT released: held by" for one whose
+    lock is someone else's."""
     out = {}
     for h, e in driver.exec_all(inventory, hosts, commands.lock_release(token, force), LOCK_TIMEOUT).items():
         parsed = lockinfo.parse(e.lines())
@@ -150,6 +177,8 @@ def release_hosts(inventory: str, hosts: list[str], token: str | None, force: bo
             out[h] = f"released (broke the lock of {lockinfo.describe(broken)})" if force and broken else "released"
         elif state == "FREE":
             out[h] = "was not locked"
+        elif not e.reachable:
+            out[h] = f"NOT released: unreachable ({e.text.strip()[-200:] or 'no answer'})"
         elif state == "NOT_HOLDER":
             out[h] = (f"NOT released: held by {lockinfo.describe(lockinfo.holder_info(parsed) or {})}; only its "
                       f"holder's token ({LOCK_TOKEN_ENV}) releases it, or --force if it is abandoned")

@@ -63,10 +63,10 @@ def holds(info: dict, token: str | None) -> bool:
 
 
 def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
-    """The sentence a plain deploy refuses with while another holds the lock, or None when it may
-    go on: no lock, the lock is ours (the rollout that holds it exported its token as
-    NEMOFLEET_LOCK_TOKEN), or it expired (a rollout takes such a lock over; a plain deploy does
-    not need it)."""
+    """The sentence a deploy's preflight refuses with while another holds the lock, or None when
+    it may go on: no lock, the lock is ours (the rollout that holds it exported its token as
+    NEMOFLEET_LOCK_TOKEN, or this plain run took it: nemofleet.runlock), or it expired (the next
+    take, a rollout's or a plain run's first change, takes such a lock over and says whose)."""
     if not info or expired(info, now) or holds(info, token):
         return None
     return (f"this host is locked by {describe(info)}, {until(info, now)}; wait for it "
