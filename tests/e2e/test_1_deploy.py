@@ -158,7 +158,10 @@ def test_self_heal_restarts_after_k_failures_and_webhook_fires(converged, change
         "http.server.HTTPServer(('127.0.0.1', 9911), H).serve_forever()\n"
     )
     on(host, f"cat > /tmp/receiver.py <<'EOF'\n{receiver}EOF\nrm -f /tmp/webhook.log; "
-             "(setsid python3 /tmp/receiver.py >/dev/null 2>&1 &); sleep 1")
+             "(setsid python3 /tmp/receiver.py >/dev/null 2>&1 &)")
+    wait_for(f"the webhook receiver on {host} to listen on 127.0.0.1:9911",  # not a fixed sleep
+             lambda: (on(host, "(echo > /dev/tcp/127.0.0.1/9911) 2>&1", check=False).returncode == 0, "refused"), 30,
+             every=0.2)
     started = on(host, "docker inspect -f '{{.State.StartedAt}}' nemotron-0").stdout.strip()
     env = "FAIL_RESTART=2 WEBHOOK_URL=http://127.0.0.1:9911/hook"
     try:
