@@ -20,8 +20,11 @@ demo: testbed
 	$(BIN)/nemofleet plan inventories/testbed.py
 	$(BIN)/nemofleet status inventories/testbed.py
 
-test: venv
-	$(BIN)/pytest -q -rs tests/unit tests/e2e
+# a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
+# end-to-end module from tests/e2e/conftest.py; the slowest tests at the end
+test:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
+	$(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e
 
 # opt-in: the real vLLM CPU build's argument parser checks every planned command line
 test-real-vllm: venv

@@ -182,6 +182,7 @@ def cmd_testbed(a) -> int:
     elif a.action == "down":
         testbed.down()
     elif a.action == "status":
+        print(f"outer host: {testbed.describe_outer()}")  # what decides cgroup-dependent behaviour of the testbed
         for row in testbed.status():
             print(f"{row['host']:<12} 127.0.0.1:{row['port']:<6} {row['gpus']} GPU(s)  {row['group']:<10} {row['container']}")
     elif a.action == "recreate":

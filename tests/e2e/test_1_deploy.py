@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from conftest import on, pyinfra
+from conftest import on, pyinfra, wait_for
 
 pytestmark = pytest.mark.e2e
 HOSTS = ["a100-1", "h100-1", "h200-1"]
@@ -76,19 +76,6 @@ def test_chat_through_frontend_network_with_key_and_401_without(converged):
     assert key  # the key file of this testbed exists
 
 
-def test_cron_health_has_run_and_metrics_show_up(converged):
-    on("a100-1", "test -f /etc/cron.d/nemofleet-health && stat -c '%U %a' /etc/cron.d/nemofleet-health | grep -qx 'root 644'")
-    deadline = time.time() + 130
-    while time.time() < deadline:
-        r = on("a100-1", "journalctl -t nemofleet-health --no-pager -o cat 2>/dev/null | tail -3", check=False)
-        if "healthy" in r.stdout:
-            break
-        time.sleep(5)
-    assert "instance nemotron-0 healthy" in r.stdout, r.stdout
-    prom = on("a100-1", "cat /var/lib/prometheus/node-exporter/nemofleet.prom").stdout
-    assert 'nemofleet_vllm_up{instance="nemotron-0",model="nemotron-3.5-lightning",port="8000"} 1' in prom
-
-
 def test_secrets_never_in_output_processes_units_or_logs(converged):
     from nemofleet import testbed
 
@@ -106,12 +93,13 @@ def test_secrets_never_in_output_processes_units_or_logs(converged):
         assert s not in outputs
 
 
-def test_units_verify_and_restart_keeps_networks(converged):
+def test_units_verify_and_restart_keeps_networks(converged, changes):
     on("h200-1", "systemd-analyze verify /etc/systemd/system/nemofleet-vllm-nemotron-0.service")
     nets = on("h200-1", "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout
     assert "open-webui_default" in nets and "dify_default" in nets
     # kill the container: systemd brings it back, on both networks
     on("h200-1", "docker kill nemotron-0")
+    changes.made("h200-1", "its vLLM container killed")
     deadline = time.time() + 90
     while time.time() < deadline:
         r = on("h200-1", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health", check=False)
@@ -140,13 +128,14 @@ def wait_health(host, port, timeout=120):
     return code
 
 
-def test_changing_one_instance_flag_restarts_only_that_instance(converged):
+def test_changing_one_instance_flag_restarts_only_that_instance(converged, changes):
     def started():
         return {n: on("h100-1", f"docker inspect -f '{{{{.State.StartedAt}}}}' {n}").stdout.strip()
                 for n in (f"nemotron-{i}" for i in range(8))}
 
     before = started()
     r = pyinfra(hosts=["h100-1"], data={"instance_extra_args": json.dumps({"nemotron-3": {"--enforce-eager": True}})})
+    changes.made("h100-1", "nemotron-3 converged with --enforce-eager")
     assert r.rc == 0, r.out[-3000:]
     after = started()
     assert [n for n in before if before[n] != after[n]] == ["nemotron-3"]
@@ -157,7 +146,7 @@ def test_changing_one_instance_flag_restarts_only_that_instance(converged):
     assert again.changed() == []
 
 
-def test_self_heal_restarts_after_k_failures_and_webhook_fires(converged):
+def test_self_heal_restarts_after_k_failures_and_webhook_fires(converged, changes):
     host = "a100-1"
     receiver = (
         "import http.server\n"
@@ -169,13 +158,17 @@ def test_self_heal_restarts_after_k_failures_and_webhook_fires(converged):
         "http.server.HTTPServer(('127.0.0.1', 9911), H).serve_forever()\n"
     )
     on(host, f"cat > /tmp/receiver.py <<'EOF'\n{receiver}EOF\nrm -f /tmp/webhook.log; "
-             "(setsid python3 /tmp/receiver.py >/dev/null 2>&1 &); sleep 1")
+             "(setsid python3 /tmp/receiver.py >/dev/null 2>&1 &)")
+    wait_for(f"the webhook receiver on {host} to listen on 127.0.0.1:9911",  # not a fixed sleep
+             lambda: (on(host, "(echo > /dev/tcp/127.0.0.1/9911) 2>&1", check=False).returncode == 0, "refused"), 30,
+             every=0.2)
     started = on(host, "docker inspect -f '{{.State.StartedAt}}' nemotron-0").stdout.strip()
     env = "FAIL_RESTART=2 WEBHOOK_URL=http://127.0.0.1:9911/hook"
     try:
         on(host, f"{env} /usr/local/bin/nemofleet-health")  # healthy: state up
         bad = f"{env} MODEL_NAME=not-served flock /run/lock/nemofleet-health.lock /usr/local/bin/nemofleet-health"
         first = on(host, bad, check=False)
+        changes.made(host, "a failed health check counted")
         assert first.returncode == 1 and "failure 1" in first.stdout
         second = on(host, bad, check=False)
         assert "restarting nemofleet-vllm-nemotron-0.service after 2 consecutive failures" in second.stdout
@@ -225,7 +218,7 @@ def docker_reloads(host: str) -> int:
                   check=False).stdout.strip() or 0)
 
 
-def test_drift_behind_the_tools_back_is_repaired_exactly(converged):
+def test_drift_behind_the_tools_back_is_repaired_exactly(converged, changes):
     """Changed on a converged host by hand: a managed file's content (the health script), a
     secret's mode (the API key file made world-readable), one vLLM unit file (loaded by
     daemon-reload, as an admin would) and one key nemofleet owns in daemon.json (the nvidia
@@ -244,6 +237,7 @@ def test_drift_behind_the_tools_back_is_repaired_exactly(converged):
              "json.dump(d, open(p, \"w\"), indent=2)' && systemctl reload docker")
     on(host, "chmod 644 /etc/nemofleet/vllm.env; echo '# local edit' >> /usr/local/bin/nemofleet-health; "
              f"sed -i 's/^RestartSec=10$/RestartSec=30/' {DRIFT_UNIT} && systemctl daemon-reload")
+    changes.made(host, "drift of daemon.json, vllm.env, the health script and a vLLM unit")
     reloads, dockerd = docker_reloads(host), on(host, "systemctl show -p MainPID --value docker").stdout
     assert on(host, "systemctl show -p RestartUSec --value nemofleet-vllm-nemotron-0").stdout.strip() == "30s"
     assert snapshot() != before
@@ -284,3 +278,19 @@ def test_status_right_after_the_converge_shows_every_host_in_sync_and_healthy(co
     assert len(rows) == 10 and all(" healthy " in ln and "last healthy never" not in ln for ln in rows), out
     weights = [ln for ln in out.splitlines() if ln.strip().startswith("weights ") and "complete" in ln]
     assert weights and all("(100%)" in ln for ln in weights if ", complete" in ln), out
+
+
+def test_cron_health_has_run_and_metrics_show_up(converged):
+    """(Last in this module: by then cron has had its minute.)"""
+    on("a100-1", "test -f /etc/cron.d/nemofleet-health && stat -c '%U %a' /etc/cron.d/nemofleet-health | grep -qx 'root 644'")
+    # only cron's runs reach the journal under this tag (the tests' own runs print to docker exec); its
+    # latest line on nemotron-0 says healthy. The first comes a minute or two after the converge
+    # installed the file: last in the module, this waits only when the module runs alone.
+    def probe():
+        r = on("a100-1", "journalctl -t nemofleet-health --no-pager -o cat 2>/dev/null | grep 'instance nemotron-0'",
+               check=False)
+        last = (r.stdout.strip().splitlines() or ["no nemofleet-health line on nemotron-0 yet"])[-1]
+        return last.startswith("instance nemotron-0 healthy"), last
+    wait_for("cron's health check to log nemotron-0 healthy on a100-1", probe, 150, every=5)
+    prom = on("a100-1", "cat /var/lib/prometheus/node-exporter/nemofleet.prom").stdout
+    assert 'nemofleet_vllm_up{instance="nemotron-0",model="nemotron-3.5-lightning",port="8000"} 1' in prom

@@ -35,8 +35,9 @@ def test_rerun_sends_no_file_requests(converged):
     assert mirror_log() == []  # pinned commit + completion marker: not even a metadata call
 
 
-def test_truncated_shard_is_fetched_again_alone(converged):
+def test_truncated_shard_is_fetched_again_alone(converged, changes):
     on("a100-1", f"truncate -s 1000 {MODEL_DIR}/{SHARD}")
+    changes.made("a100-1", "a weights shard truncated")
     clear_mirror_log()
     r = pyinfra(hosts=["a100-1"])
     assert r.rc == 0, r.out[-3000:]
@@ -48,10 +49,11 @@ def test_truncated_shard_is_fetched_again_alone(converged):
     assert pyinfra(hosts=["a100-1"]).changed() == []
 
 
-def test_mirror_down_one_sentence_weights_left_intact(converged):
+def test_mirror_down_one_sentence_weights_left_intact(converged, changes):
     from nemofleet import testbed
 
     on("h200-1", f"truncate -s 1000 {MODEL_DIR}/{SHARD}")
+    changes.made("h200-1", "a weights shard truncated")
     before = on("h200-1", f"ls -l {MODEL_DIR} | sort").stdout
     testbed.stop_mirror()
     try:
@@ -65,7 +67,8 @@ def test_mirror_down_one_sentence_weights_left_intact(converged):
     assert fixed.rc == 0, fixed.out[-3000:]
 
 
-def test_unknown_revision_refused_before_any_download(converged):
+def test_unknown_revision_refused_before_any_download(converged, changes):
+    changes.undo(lambda: on("h200-1", "rm -rf /srv/other-models"))
     clear_mirror_log()
     bogus = "0" * 40
     model = json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": bogus})
@@ -73,7 +76,6 @@ def test_unknown_revision_refused_before_any_download(converged):
     assert r.rc == 1
     assert f"at revision {bogus} is not on http://hf-mirror:8090 (HTTP 404 RevisionNotFound)" in r.out
     assert file_requests(mirror_log()) == []
-    on("h200-1", "rm -rf /srv/other-models")
 
 
 def daemon(host):
@@ -84,11 +86,17 @@ def started(host, name="nemotron-0"):
     return on(host, f"docker inspect -f '{{{{.State.StartedAt}}}}' {name}").stdout.strip()
 
 
-def test_daemon_json_keeps_foreign_keys_reloads_for_mirrors_restarts_for_exec_opts(converged):
+def test_daemon_json_keeps_foreign_keys_reloads_for_mirrors_restarts_for_exec_opts(converged, changes):
     host = "h200-1"
     cur = daemon(host)
+    original = on(host, "cat /etc/docker/daemon.json").stdout
+
+    def put_back():  # the foreign keys go again (their values are Docker's defaults: no restart needed)
+        on(host, f"cat > /etc/docker/daemon.json <<'EOF'\n{original}EOF")
+    changes.undo(put_back)
     cur.update({"data-root": "/var/lib/docker", "bip": "172.17.0.1/16"})
     on(host, f"cat > /etc/docker/daemon.json <<'EOF'\n{json.dumps(cur)}\nEOF")
+    changes.made(host, "foreign keys added to daemon.json")
     pid = on(host, "systemctl show -p MainPID --value docker").stdout.strip()
     t0 = started(host)
     r = pyinfra(hosts=[host], data={"docker_registry_mirrors": json.dumps(["https://mirror.invalid"])},
@@ -141,11 +149,12 @@ def test_bad_docker_inputs_refused_with_one_sentence_and_no_change(converged, da
     assert on(host, "cat /etc/docker/daemon.json; ls -l --time-style=+%s /etc/systemd/system/nemofleet-*").stdout == before
 
 
-def test_malformed_daemon_json_reported_and_left_untouched(converged):
+def test_malformed_daemon_json_reported_and_left_untouched(converged, changes):
     host = "h200-1"
     good = on(host, "cat /etc/docker/daemon.json").stdout
     on(host, "printf '{\"log-driver\": \"json-file\",' > /etc/docker/daemon.json")
     try:
+        changes.made(host, "daemon.json made malformed")
         r = pyinfra(hosts=[host])
         assert r.rc == 1
         assert "/etc/docker/daemon.json is not valid JSON" in r.out

@@ -42,10 +42,12 @@ def set_fail(host, release_label):
              f"d['standin_fail_release']={release_label!r}\njson.dump(d, open(p, 'w'))\nEOF")
 
 
-def test_rollout_new_tag_canary_then_batches(converged):
+def test_rollout_new_tag_canary_then_batches(converged, changes):
     before = {h: release(h) for h in HOSTS}
     rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "1", "--wait", "120",
                         "--data", f"vllm_image={NEW}")
+    for h in HOSTS:
+        changes.made(h, f"a rollout to {NEW}")
     assert rc == 0, out
     assert out.index("canary: a100-1") < out.index("batch 1: h100-1") < out.index("batch 2: h200-1")
     for h in HOSTS:
@@ -54,10 +56,11 @@ def test_rollout_new_tag_canary_then_batches(converged):
         assert "rollout" in on(h, "tail -1 /var/lib/nemofleet/audit.log").stdout
 
 
-def test_failed_canary_halts_before_any_other_host(converged):
+def test_failed_canary_halts_before_any_other_host(converged, changes):
     on_new = {h: release(h) for h in HOSTS}
     rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "2", "--wait", "30",
                         "--data", f"vllm_image={BASE}-broken")  # this image's engine never starts
+    changes.made("a100-1", "a failed canary rollout")
     assert rc == 1, out
     assert "HALTED" in out
     assert "rolled back" in row(out, "a100-1")
@@ -67,7 +70,7 @@ def test_failed_canary_halts_before_any_other_host(converged):
         assert "not reached" in row(out, h) and release(h) == on_new[h] and image(h) == NEW
 
 
-def test_failed_gate_on_second_host_halts_and_rolls_back(converged):
+def test_failed_gate_on_second_host_halts_and_rolls_back(converged, changes):
     on_new = {h: release(h) for h in HOSTS}
     set_fail("h100-1", "base")  # the base release cannot start on h100-1's GPUs
     try:
@@ -75,6 +78,8 @@ def test_failed_gate_on_second_host_halts_and_rolls_back(converged):
                             "--data", f"vllm_image={BASE}")
     finally:
         set_fail("h100-1", None)
+    for h in ("a100-1", "h100-1"):
+        changes.made(h, f"a rollout to {BASE} halted on h100-1")
     assert rc == 1, out
     assert "HALTED" in out
     assert " ok " in row(out, "a100-1") and image("a100-1") == BASE
@@ -109,7 +114,7 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
     assert "free" in nemofleet("lock", "status", "inventories/testbed.py")[1]
 
 
-def test_unreachable_host_counts_against_budget_and_is_reported(converged):
+def test_unreachable_host_counts_against_budget_and_is_reported(converged, changes):
     from nemofleet import testbed
 
     subprocess.run(["docker", "stop", "-t", "2", testbed.container("h200-1")], check=True, capture_output=True)
@@ -121,25 +126,31 @@ def test_unreachable_host_counts_against_budget_and_is_reported(converged):
     finally:
         subprocess.run(["docker", "start", testbed.container("h200-1")], check=True, capture_output=True)
         testbed.wait_ssh("h200-1", testbed.read_state()["hosts"]["h200-1"]["port"])
+    for h in HOSTS:
+        changes.made(h, f"a rollout to {NEW} with h200-1 stopped")
     assert rc == 1, out
     assert "unreachable" in row(out, "h200-1")
     assert " ok " in row(out, "a100-1")
     assert elapsed < 300  # reported, not hung on
 
 
-def test_rollback_returns_to_previous_release(converged):
+def test_rollback_returns_to_previous_release(converged, changes):
     before = release("a100-1")
     rc, out = nemofleet("rollback", "inventories/testbed.py", "--limit", "a100-1", "--wait", "60")
+    changes.made("a100-1", "a rollback")
     assert rc == 0, out
     assert release("a100-1") != before
     assert on("a100-1", "/usr/local/bin/nemofleet-health", check=False).returncode == 0
 
 
-def test_disaster_recovery_rebuild_of_a_destroyed_host(converged):
+def test_disaster_recovery_rebuild_of_a_destroyed_host(converged, changes):
     from nemofleet import testbed
 
     t0 = time.time()
     testbed.recreate("h200-1")  # container and volumes destroyed, a bare reinstall with a new host key
+    # should the rebuild not take, the re-converge of the finalizer meets the new host key: forget the old
+    changes.undo(lambda: testbed.forget_host_key(testbed.read_state()["hosts"]["h200-1"]["port"]))
+    changes.made("h200-1", "destroyed and recreated bare")
     assert on("h200-1", "test -e /etc/systemd/system/nemofleet-vllm-nemotron-0.service", check=False).returncode == 1
     rc, out = nemofleet("rebuild", "inventories/testbed.py", "h200-1")
     assert rc == 1 and "--accept-new-host-key" in out  # a changed host key is never silently accepted

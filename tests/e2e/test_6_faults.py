@@ -14,11 +14,13 @@ def restarts(host):
     return on(host, "cat /var/lib/nemofleet/health/nemotron-0.restarts 2>/dev/null | wc -l").stdout.strip()
 
 
-def test_self_heal_is_bounded_by_the_loading_grace_and_an_hourly_cap(converged):
+def test_self_heal_is_bounded_by_the_loading_grace_and_an_hourly_cap(converged, changes):
     host = "a100-1"
+    changes.undo(lambda: on(host, "rm -f /var/lib/nemofleet/health/nemotron-0.restarts"))
     bad = "MODEL_NAME=not-served FAIL_RESTART=1 flock /run/lock/nemofleet-health.lock /usr/local/bin/nemofleet-health"
     on(host, "rm -f /var/lib/nemofleet/health/nemotron-0.restarts; /usr/local/bin/nemofleet-health")  # healthy
     first = on(host, bad, check=False).stdout
+    changes.made(host, "a self-heal restart")
     assert "restarting nemofleet-vllm-nemotron-0.service after 1 consecutive failures" in first
     # right after a restart the instance has not been healthy since it started: it is loading
     second = on(host, bad, check=False).stdout
@@ -88,7 +90,19 @@ def _publish_commit(sha: str, ref: str) -> str:
     return state["model_revision"]
 
 
-def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(converged):
+def _unpublish_commit(sha: str, ref: str) -> None:
+    """The mirror as it was: the second commit and its ref gone."""
+    import shutil
+
+    from nemofleet import testbed
+    repo = testbed.testbed_dir() / "hf" / "repos" / "nvidia" / "NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
+    refs = json.loads((repo / "refs.json").read_text())
+    refs.pop(ref, None)
+    (repo / "refs.json").write_text(json.dumps(refs))
+    shutil.rmtree(repo / sha, ignore_errors=True)
+
+
+def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(converged, changes):
     import subprocess
     import sys
     from pathlib import Path
@@ -97,11 +111,13 @@ def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(
 
     new = "b" * 40
     old = _publish_commit(new, "nemofleet-test-v2")
+    changes.undo(lambda: _unpublish_commit(new, "nemofleet-test-v2"))
     root = "/srv/nemofleet/models/nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
     before = on("h200-1", "sed -n 's/^id=//p' /var/lib/nemofleet/release").stdout.strip()
     clear_mirror_log()
     model = json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "nemofleet-test-v2"})
     r = pyinfra(hosts=["h200-1"], data={"model": model})
+    changes.made("h200-1", "a new model revision converged")
     assert r.rc == 0, r.out[-4000:]
     assert f"revision 'nemofleet-test-v2' of nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4 is {new[:12]}" in r.out
     # the new commit was fetched; only what changed between the commits crossed the wire

@@ -84,10 +84,11 @@ def test_frontend_container_streams_through_the_front_door_with_key_and_401_with
     assert "open-webui_default" not in on(HOST, "docker inspect -f '{{json .NetworkSettings.Networks}}' nemotron-0").stdout
 
 
-def test_rollout_of_a_serving_flag_under_load_fails_no_request(served):
+def test_rollout_of_a_serving_flag_under_load_fails_no_request(served, changes):
     pid, before = proxy_pid(), started()
     during, rc, out, took = bench.during_rollout(
         HOST, ["--wait", "120", "--data", 'vllm_extra_args={"seed": 7}'], env={"NEMOFLEET_TESTBED_HOSTS": HOST})
+    changes.made(HOST, "a rollout of --seed 7")
     assert rc == 0, out[-3000:]
     assert during["requests"] > 50 and during["failed"] == 0, during
     after = started()
@@ -97,13 +98,14 @@ def test_rollout_of_a_serving_flag_under_load_fails_no_request(served):
     assert all(on(HOST, f"/usr/local/bin/nemofleet-drain state nemotron-{i}").stdout.strip() == "ready" for i in range(8))
 
 
-def test_rollback_under_load_goes_through_the_front_door_and_fails_no_request(served):
+def test_rollback_under_load_goes_through_the_front_door_and_fails_no_request(served, changes):
     """The rollout test above kept the inventory's release: rolling back to it restarts the
     instances one at a time through the front door, as the deploy does, and leaves the host exactly
     as the inventory plans it (the next run changes nothing)."""
     pid, before = proxy_pid(), started()
     during, rc, out, took = bench.during_rollout(HOST, ["--wait", "120"], env={"NEMOFLEET_TESTBED_HOSTS": HOST},
                                                  command="rollback")
+    changes.made(HOST, "a rollback")
     assert rc == 0, out[-3000:]
     assert during["requests"] > 20 and during["failed"] == 0, during
     assert all(before[n] != started()[n] for n in before)
@@ -113,9 +115,10 @@ def test_rollback_under_load_goes_through_the_front_door_and_fails_no_request(se
     assert pyinfra(hosts=[HOST]).changed() == []
 
 
-def test_a_config_change_reloads_the_proxy_without_a_restart(served):
+def test_a_config_change_reloads_the_proxy_without_a_restart(served, changes):
     pid = proxy_pid()
     r = pyinfra(hosts=[HOST], data={"front_door_timeout": 7200})
+    changes.made(HOST, "front_door_timeout 7200")
     assert r.rc == 0, r.out[-3000:]
     assert "nemofleet serving | Front door: reload HAProxy (connections in flight are kept)" in r.changed()
     assert "timeout server 7200s" in on(HOST, f"cat {CFG}").stdout and proxy_pid() == pid

@@ -102,6 +102,31 @@ def write_state(state: dict) -> None:
     state_path().write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
+def parse_outer(info: str, fs_type: str = "") -> dict:
+    """The outer host from `docker info -f '{{.ServerVersion}}|{{.CgroupDriver}}|{{.CgroupVersion}}'`
+    (an engine older than 20.10 prints no cgroup version: then the type of /sys/fs/cgroup says it)."""
+    version, _, rest = info.strip().partition("|")
+    driver, _, cgroup = rest.partition("|")
+    if cgroup.strip() not in ("1", "2"):
+        cgroup = "2" if fs_type.strip() == "cgroup2fs" else "1"
+    return {"cgroup": f"v{cgroup.strip()}", "engine": version or "unknown", "driver": driver or "unknown"}
+
+
+def outer_host() -> dict:
+    """What the machine that runs the testbed decides of its behaviour: its cgroup version (the test
+    hosts share its cgroup tree, so their systemd, Docker and the simulated NVML trap run on it) and
+    its Docker engine."""
+    r = docker("info", "-f", "{{.ServerVersion}}|{{.CgroupDriver}}|{{.CgroupVersion}}", check=False)
+    fs = subprocess.run(["stat", "-f", "-c", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout
+    return parse_outer(r.stdout if r.returncode == 0 else "", fs)
+
+
+def describe_outer(outer: dict | None = None) -> str:
+    """One line: "cgroup v1, Docker 20.10.24+dfsg1 (cgroupfs driver)"."""
+    o = outer or read_state().get("outer") or outer_host()
+    return f"cgroup {o['cgroup']}, Docker {o['engine']} ({o['driver']} driver)"
+
+
 def ensure_key() -> Path:
     key = testbed_dir() / "id_ed25519"
     if not key.exists():
@@ -368,13 +393,13 @@ def up(profile: str = "default", only: list[str] | None = None) -> dict:
         ensure_host(host, spec, port, state)
         hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {},
                        **({"serving_group": spec["serving_group"]} if spec.get("serving_group") else {})}
-    state.update(hosts=hosts, profile=profile, key=str(ensure_key()),
+    state.update(hosts=hosts, profile=profile, key=str(ensure_key()), outer=outer_host(),
                  mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
     write_state(state)
     waiting = [host for host in hosts if (not only or host in only) and host in profiles]
     for host in waiting:  # they boot in parallel; allow for a large fleet on a small machine
         wait_ssh(host, hosts[host]["port"], timeout=max(120, 15 * len(waiting)))
-    log(f"testbed up: {', '.join(hosts)} (state in {state_path()})")
+    log(f"testbed up: {', '.join(hosts)} on {describe_outer(state['outer'])} (state in {state_path()})")
     return state
 
 
