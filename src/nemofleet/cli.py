@@ -253,7 +253,8 @@ def cmd_rollback(a) -> int:
 
 
 def cmd_lock(a) -> int:
-    from .fleet import driver, lock, lockinfo
+    from . import lockinfo
+    from .fleet import driver, lock
 
     hosts, rc = _fleet(driver.hosts, "lock", a.inventory, a.limit)
     if hosts is None:

@@ -17,7 +17,7 @@ from . import models as catalog
 from . import paths, render, shell, versions
 from . import preflight as checks
 from . import settings as settings_mod
-from .fleet import commands as fleet_commands
+from . import hostcmd as fleet_commands
 from . import planning
 from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
 from .plan import Plan, effective_cgroup_driver

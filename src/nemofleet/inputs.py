@@ -28,7 +28,7 @@ from typing import Mapping
 
 from . import models as catalog
 from . import settings as settings_mod
-from .fleet.lockinfo import lock_refusal
+from .lockinfo import lock_refusal
 
 # Secrets the controller reads for the host (values, never paths).
 SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")

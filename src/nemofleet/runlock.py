@@ -8,7 +8,7 @@ What was chosen, and why:
   wraps the command generator pyinfra keeps for each operation of the host. The wrapper lets
   the operation decide first (its `_if`, its facts); only when it yields a command, and the
   lock is not this run's yet, a FunctionCommand that takes the lock (the atomic acquire script,
-  nemofleet.fleet.commands.lock_acquire) runs before that command. Hence:
+  nemofleet.hostcmd.lock_acquire) runs before that command. Hence:
   * a converged host never takes the lock: its operations yield nothing, so it still reports
     zero changes and its remote commands stay those of its fact reads (2 per host);
   * the take is one more command of an operation that changes the host anyway: it is never a
@@ -52,7 +52,8 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 
-from .fleet import commands, lockinfo
+from . import hostcmd as commands
+from . import lockinfo
 from .fleet.driver import LOCK_TOKEN_ENV, FleetError, operator
 from .fleet.lock import DEFAULT_TTL, parse_ttl
 

@@ -14,7 +14,9 @@ from pyinfra.api.state import StateOperationHostData
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from nemofleet import cli, paths, runlock
-from nemofleet.fleet import commands, driver, lock, lockinfo
+from nemofleet import hostcmd as commands
+from nemofleet import lockinfo
+from nemofleet.fleet import driver, lock
 from nemofleet.fleet.driver import Exec, FleetError
 
 

@@ -8,8 +8,9 @@ import time
 import pytest
 
 from nemofleet import paths
-from nemofleet.fleet import commands, lockinfo
-from nemofleet.fleet.commands import token_digest
+from nemofleet import hostcmd as commands
+from nemofleet import lockinfo
+from nemofleet.hostcmd import token_digest
 
 T1 = token_digest("t1")
 

@@ -9,7 +9,8 @@ import pytest
 
 from nemofleet import cli
 from nemofleet.facts.lock import DeployLock, lock_refusal
-from nemofleet.fleet import commands, driver, lock, rebuild, rollout
+from nemofleet import hostcmd as commands
+from nemofleet.fleet import driver, lock, rebuild, rollout
 from nemofleet.fleet.driver import Exec, FleetError, Result
 from nemofleet.fleet.rollout import HostState
 

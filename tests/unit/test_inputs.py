@@ -10,7 +10,8 @@ import pytest
 
 from nemofleet import cli, desired, inputs
 from nemofleet.facts.weights import HUB_COMMIT_MARK
-from nemofleet.fleet import commands, driver
+from nemofleet import hostcmd as commands
+from nemofleet.fleet import driver
 from nemofleet.fleet import status as status_mod
 from test_desired import REV, facts
 from test_multinode import SVL, member

@@ -191,7 +191,7 @@ def test_every_command_that_reads_the_models_root_is_bounded():
 
 
 def test_rollback_guard_prints_the_expected_release_as_text(tmp_path):
-    from nemofleet.fleet import commands
+    from nemofleet import hostcmd as commands
 
     pwned = tmp_path / "pwned"
     expect = f"x\"; touch {pwned}; echo \"$(touch {pwned})"

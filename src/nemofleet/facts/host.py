@@ -11,7 +11,7 @@ from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
 from . import schema
 from .schema import part_problem
-from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
+from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.hostcmd)
 from .weights import ModelsOnDisk
 
 

@@ -7,7 +7,7 @@ A rollout exports its lock token to the deploys it runs (NEMOFLEET_LOCK_TOKEN), 
 deploy goes on while a plain `pyinfra ... deploys/nemotron.py` of someone else is refused with
 the holder's name. This is the early check, before anything is decided; a plain run then takes
 the lock itself with its first change (nemofleet.runlock), which settles a race between two runs
-that both passed this check. The lock itself: nemofleet.fleet.commands (layout) and
+that both passed this check. The lock itself: nemofleet.hostcmd (layout) and
 nemofleet.fleet.lock.
 """
 
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from pyinfra.api import FactBase
 
-from ..fleet import commands, lockinfo
-from ..fleet.lockinfo import lock_refusal
+from .. import hostcmd as commands
+from .. import lockinfo
+from ..lockinfo import lock_refusal
 
 __all__ = ["DeployLock", "lock_refusal"]
 

@@ -4,8 +4,8 @@ pyinfra runs each operation across all hosts and has no rolling batches, health 
 or rollback. nemofleet drives it per host with --limit, the way Kamal rolls web apps:
 
 - driver.py   the only code that runs pyinfra (`python -m pyinfra`), reads host data and facts
-- commands.py the shell commands run on hosts, as pure functions (golden-tested)
-- lockinfo.py parsing and wording of the deploy lock (also used by the deploy's DeployLock fact)
+- (the shell scripts run on hosts and the lock's parsing live below, in nemofleet.hostcmd and
+  nemofleet.lockinfo: the deploy's facts and decision use them too)
 - lock.py     `with_lock(...)`: the one way rollout, rollback, rebuild and `nemofleet lock` lock
 - rollout.py  batches, the health gate, rollout, rollback
 - rebuild.py  disaster recovery of a reinstalled host (host key check first)

@@ -23,7 +23,9 @@ import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import commands, driver, lockinfo
+from .. import hostcmd as commands
+from .. import lockinfo
+from . import driver
 from .driver import LOCK_TOKEN_ENV, FleetError
 
 DEFAULT_TTL = commands.NO_INFO_TTL  # 2 h

@@ -16,7 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import commands, driver, lock, lockinfo
+from .. import hostcmd as commands
+from .. import lockinfo
+from . import driver, lock
 from .driver import FleetError
 
 DEPLOY = "deploys/nemotron.py"

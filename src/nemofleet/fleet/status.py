@@ -7,7 +7,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from . import commands, driver
+from .. import hostcmd as commands
+from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
 _LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)')

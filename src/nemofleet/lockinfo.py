@@ -1,12 +1,12 @@
 """The deploy lock's info, read back: parsing the `key=value` lines the lock scripts print
-(nemofleet.fleet.commands) and the sentences that name a holder. Pure; shared by the fleet
+(nemofleet.hostcmd) and the sentences that name a holder. Pure; shared by the fleet
 commands and the deploy's DeployLock fact."""
 
 from __future__ import annotations
 
 import time
 
-from .commands import token_digest
+from .hostcmd import token_digest
 
 NO_EXPIRY = float("inf")
 

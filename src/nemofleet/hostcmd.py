@@ -3,7 +3,7 @@
 Like Kamal's lib/kamal/commands/*.rb: every remote step is a string built here, golden-tested
 with exact strings and run with `bash` against a temporary state directory
 (tests/unit/test_fleet_commands.py). Scripts are POSIX sh (the host's /bin/sh may be dash),
-print `key=value` lines the controller parses (see `nemofleet.fleet.lockinfo.parse`), and
+print `key=value` lines the controller parses (see `nemofleet.lockinfo.parse`), and
 bound every wait they contain (`flock -w`, `timeout`).
 
 Lock layout: `paths.LOCK` is a directory that appears with its info file in one atomic rename
@@ -18,7 +18,7 @@ import hashlib
 import re
 import shlex
 
-from .. import paths
+from . import paths
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 

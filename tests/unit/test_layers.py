@@ -1,0 +1,56 @@
+"""The layers point one way (README, Architecture): no import circle in src/nemofleet (imports inside
+functions count too), and nothing below the stages imports the fleet layer, the stages or the CLI."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "src" / "nemofleet"
+# the stages and the CLI on top, and the fleet layer beside them; everything else is below
+TOP = ("nemofleet.cli", "nemofleet.deploy", "nemofleet.runlock", "nemofleet.fleet", "nemofleet.testbed")
+
+
+def _graph() -> dict[str, set[str]]:
+    mods: dict[str, set[str]] = {}
+    for f in ROOT.rglob("*.py"):
+        parts = ("nemofleet",) + f.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts).removesuffix(".__init__")
+        base = name.split(".") + (["x"] if f.name == "__init__.py" else [])
+        deps = set()
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.ImportFrom):
+                mod = (".".join(base[: len(base) - n.level] + ([n.module] if n.module else []))
+                       if n.level else (n.module or ""))
+                deps.add(mod)
+                deps |= {f"{mod}.{a.name}" for a in n.names}
+            elif isinstance(n, ast.Import):
+                deps |= {a.name for a in n.names}
+        mods[name] = deps
+    return {m: {d for d in ds if d in mods and d != m} for m, ds in mods.items()}
+
+
+def _on_top(mod: str) -> bool:
+    return any(mod == t or mod.startswith(t + ".") for t in TOP)
+
+
+def test_no_import_circle():
+    graph, circles = _graph(), []
+
+    def visit(m, stack, seen):
+        if m in stack:
+            circles.append(" -> ".join(stack[stack.index(m):] + [m]))
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        for d in sorted(graph[m]):
+            visit(d, stack + [m], seen)
+
+    seen: set = set()
+    for m in sorted(graph):
+        visit(m, [], seen)
+    assert not circles, circles
+
+
+def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
+    graph = _graph()
+    wrong = sorted(f"{m} imports {d}" for m, ds in graph.items() if not _on_top(m) for d in ds if _on_top(d))
+    assert not wrong, wrong
