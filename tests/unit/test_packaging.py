@@ -1,5 +1,6 @@
 """A non-editable install (a wheel in a fresh venv, as on a controller or a GPU host) can plan and
 render: the templates travel inside the wheel and are read with importlib.resources."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,6 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# the installed wheel alone: a caller's PYTHONPATH (a checkout's src) would make pip skip the install
+# and the venv import the checkout
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 SCRIPT = r"""
 import nemofleet, pathlib
@@ -31,7 +35,7 @@ def test_wheel_in_a_fresh_venv_plans_and_renders(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-                       capture_output=True, text=True, cwd=tmp_path)
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([str(py), "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run([str(py), "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=ENV)
     assert r.returncode == 0 and "rendered" in r.stdout, r.stdout + r.stderr
