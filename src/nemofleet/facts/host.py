@@ -9,6 +9,7 @@ from pyinfra.api import FactBase
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .gpuhealth import GpuHealth
 from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
 from .weights import ModelsOnDisk
 
@@ -111,6 +112,7 @@ class HostFacts(FactBase):
         "lock": (DeployLock, {}),
         "addresses": (HostAddresses, {}),
         "rdma": (RdmaDevices, {}),
+        "health": (GpuHealth, {}),  # docs/gpu-health.md
     }
     MARK = "@@nemofleet-fact:"
 
@@ -155,8 +157,10 @@ def facts_file_problem(host: str, facts) -> str | None:
     """One sentence when a facts file's entry for `host` is not a whole HostFacts (None when it is)."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
-    # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan
-    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma")]
+    # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan;
+    # a facts file written before the health part existed plans as if every GPU were healthy
+    missing = [k for k in HostFacts.PARTS
+               if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma", "health")]
     if missing:
         return (f"the facts file's entry for {host} lacks {', '.join(missing)}: write it with "
                 "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
