@@ -22,6 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import models as catalog
@@ -498,10 +499,12 @@ def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
 
 def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
               cdi_available: bool = False, cgroup_version: int | None = None,
-              cgroup_driver: str | None = None, local_meta: dict | None = None, peers: dict | None = None) -> Plan:
+              cgroup_driver: str | None = None, local_meta: dict | None = None, peers: dict | None = None,
+              health: dict | None = None) -> Plan:
     """Decide what `host` serves. `data` is its Settings (host data is parsed). Raises
     PlanError with one sentence on any impossibility. `peers`: {member: HostFacts} of the host's
-    multi-node serving group (multinode.py), when its settings name one."""
+    multi-node serving group (multinode.py), when its settings name one. `health`: the host's
+    GPU health fact (facts/gpuhealth.py); a GPU that must not serve is left out like a MIG GPU."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
     s = _parse(data)
@@ -510,6 +513,7 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         usable, warnings = gpu_table.select(gpus, s["gpus"])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
+    usable, sick = _admit(usable, health, warnings)
     if not catalog.is_commit(ctx.model.revision):
         warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
                         "commit so re-runs never ask the Hub")
@@ -524,13 +528,32 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         try:
             layouts.append(_layout(ctx, group))
         except _NoFit as nofit:
-            raise _refusal(ctx, group, nofit, local_meta) from None
+            raise _sick_note(_refusal(ctx, group, nofit, local_meta), sick) from None
     if len(layouts) > 1:
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
     return _finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
                    docker_version, cdi_available, cgroup_version, cgroup_driver)
+
+
+def _admit(usable: list[Gpu], health, warnings: list[str]) -> tuple[list[Gpu], dict]:
+    """The GPUs whose health lets them serve (gpuhealth.py), and {uuid: sentence} of those left
+    out; the sentences and health warnings join `warnings`. PlanError when none is left."""
+    try:
+        adm = gpuhealth.admit(usable, health)
+    except gpuhealth.HealthError as exc:
+        raise PlanError(str(exc)) from None
+    warnings += list(adm.left_out.values()) + adm.warnings
+    if not adm.admitted:
+        raise PlanError("no GPU of this host may serve: " + "; ".join(adm.left_out.values()))
+    return adm.admitted, adm.left_out
+
+
+def _sick_note(exc: PlanError, sick: dict) -> PlanError:
+    if not sick:
+        return exc
+    return PlanError(f"{exc}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}")
 
 
 def _finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,

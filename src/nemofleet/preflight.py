@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import plan as planner
 from . import vllm_flags
 from .models import host_dir_name, local_dir_name
@@ -71,7 +72,7 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
         except SettingsError as exc:
             v.refusals += exc.problems
             return v
-    why = _gpu_refusal(facts["gpus"])
+    why = _gpu_refusal(facts["gpus"]) or gpuhealth.fabric_refusal(facts.get("health"), facts["gpus"]["driver"])
     if why:
         v.refusals.append(why)
         return v
@@ -121,6 +122,7 @@ def _plan(host: str, facts: dict, s: Settings, peers: dict | None = None) -> pla
         cdi_available=bool(tk.get("cdi_specs")) or vt(tk.get("version")) >= MIN_TOOLKIT,
         cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
         local_meta=_local_meta(facts, s), peers={**(peers or {}), host: facts} if s["serving_group"] else None,
+        health=facts.get("health"),
     )
 
 
