@@ -195,3 +195,46 @@ def test_plan_cli_on_a_facts_file_whose_gpu0_reports_remap_pending(tmp_path, cap
         os.chdir(here)
     plan = json.loads(capsys.readouterr().out)["h200-2"]["plan"]
     assert plan["excluded_gpus"] == [0] and [i["gpus"] for i in plan["instances"]] == [[1]]
+
+
+# ---------------------------------------------------------------------------- stable identity
+
+def test_a_sick_gpu_costs_exactly_its_instance_others_keep_name_port_and_args():
+    gs = gpus(8)
+    data = {"instance_extra_args": {"nemotron-5": {"enable-prefix-caching": True},
+                                 "nemotron-3": {"enable-prefix-caching": True}}}
+    healthy = make_plan("h", gs, data, health=health(gs))
+    assert healthy.to_dict() == make_plan("h", gs, data).to_dict()  # healthy facts change nothing
+    before = {i.name: (i.host_port, i.gpu_uuids, i.args) for i in healthy.instances}
+    sick = make_plan("h", gs, data, health=health(gs, {3: row(gs[3], **{"remapped_rows.pending": True})}))
+    after = {i.name: (i.host_port, i.gpu_uuids, i.args) for i in sick.instances}
+    assert set(before) - set(after) == {"nemotron-3"} and all(after[n] == before[n] for n in after)
+    assert "--enable-prefix-caching" in after["nemotron-5"][2]  # its extra args followed it, not the position
+    assert sick.excluded_gpus == [3]
+
+
+def test_tp_groups_keep_their_identity_and_a_split_group_is_refused_naming_the_sick_gpu():
+    gs = gpus(8)
+    data = {"tensor_parallel_size": 2}
+    before = {i.name: (i.host_port, i.gpu_uuids) for i in make_plan("h", gs, data).instances}
+    pair = {4: row(gs[4], **{"gpu_recovery_action": "Reset"}), 5: row(gs[5], **{"remapped_rows.failure": True})}
+    after = {i.name: (i.host_port, i.gpu_uuids) for i in make_plan("h", gs, data, health=health(gs, pair)).instances}
+    assert set(before) - set(after) == {"nemotron-2"} and all(after[n] == before[n] for n in after)
+    # one GPU of a pair: 7 left, which TP2 does not divide; the refusal says which GPU is why
+    with pytest.raises(PlanError, match=r"tensor_parallel_size 2 does not divide .*; GPU\(s\) left out as unhealthy: GPU 5"):
+        make_plan("h", gs, data, health=health(gs, {5: pair[5]}))
+
+
+def test_an_instance_of_a_new_shape_takes_names_and_ports_the_healthy_plan_does_not_use():
+    from types import SimpleNamespace
+
+    from nemofleet.plan import _slots
+
+    gs = gpus(4)
+    lay = SimpleNamespace(gpus=gs[:3], tp=1, count=3)
+    s = {"instance_prefix": "v", "port_base": 8000}
+    identity = {frozenset(g.uuid for g in gs): ("v0", 8000)}  # the healthy plan: one TP4 instance
+    assert _slots(s, [lay], identity) == [("v1", 8001), ("v2", 8002), ("v3", 8003)]
+    identity = {frozenset([gs[1].uuid]): ("v1", 8001)}
+    assert _slots(s, [lay], identity) == [("v0", 8000), ("v1", 8001), ("v2", 8002)]
+    assert _slots(s, [lay], None) == [("v0", 8000), ("v1", 8001), ("v2", 8002)]
