@@ -232,6 +232,8 @@ def front_door(want: Desired, label: str = "Front door", secret_dirs: dict | Non
 @deploy("nemofleet health")
 def health(want: Desired) -> None:
     files.managed(name="Health check script and cron", files=want.health_files)
+    if want.gpu_returns:  # only when the health script drained a GPU that reads healthy again
+        server.shell(name="GPUs healthy again: their instances back in the front door", commands=want.gpu_returns)
 
 
 def nemotron() -> None:

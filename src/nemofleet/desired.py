@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import models as catalog
 from . import paths, render, versions
 from . import preflight as checks
@@ -93,6 +94,9 @@ class Desired:
     drain_restarts: list[tuple[str, str, str]] = field(default_factory=list)  # (unit path, unit, command)
     # health
     health_files: FileMap = field(default_factory=dict)
+    # GPUs the health script drained that this plan serves on again: marker removed, instances back
+    # in the front door (docs/gpu-health.md); empty on a converged host
+    gpu_returns: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -484,6 +488,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
         _front_door(d, s, p, facts, secrets)
     d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s, d.front_door), "0755"),
                       paths.HEALTH_CRON: (render.health_cron(s), "0644")}
+    d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.get("health")), d.front_door)
 
 
 def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:

@@ -201,3 +201,18 @@ def fabric_refusal(health, driver: str | None) -> str | None:
                 "must be the same version (CUDA fails with error 802); install nvidia-fabricmanager "
                 f"{driver} and restart it")
     return None
+
+
+def returning(instances: list, health) -> dict[str, list[str]]:
+    """{uuid: [instance names]} of the GPUs the health script drained (their marker is in the
+    health fact) that this plan serves on again: the deploy puts those instances back in the
+    front door and removes the marker, so a healthy GPU returns at the next deploy."""
+    drained = (health or {}).get("drained") if isinstance(health, dict) else None
+    if not isinstance(drained, dict):
+        return {}
+    out: dict[str, list[str]] = {}
+    for uuid in sorted(drained):
+        names = [i.name for i in instances if uuid in i.gpu_uuids]
+        if names:
+            out[uuid] = names
+    return out

@@ -39,6 +39,8 @@ NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
 XID_TAIL = 200  # Xid lines kept: a flapping GPU cannot grow the fact without bound
 RESETS_FILE = "/var/lib/nemofleet/gpu-resets"  # "PCI_BUS_ID UNIX_TIME" per reset nemofleet recorded
+# "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (templates/nemofleet-health.sh.j2)
+SICK_GLOB = "/var/lib/nemofleet/health/gpu-*.sick"
 LOG_TIMEOUT = 10
 # `NVRM: Xid (PCI:0000:07:00): 79, pid=..., GPU has fallen off the bus.` after dmesg's
 # `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
@@ -82,7 +84,7 @@ def typed(name: str, value, where: str = ""):
 class GpuHealth(FactBase):
     """{"gpus": [{query field: typed value}], "refused_fields", "xids": [{"code", "bus_id", "uptime",
     "time", "text"}], "boot_time", "resets": {bus: unix time}, "fabric_manager": {"version", "active"},
-    "error"}.
+    "drained": {uuid: {"since", "index", "reason"}} (GPUs the health script drained), "error"}.
 
     One bounded command: the query is retried without each field the driver refuses (at most once
     per field), the Recovery Action comes from `nvidia-smi -q` only when the query cannot give it,
@@ -104,13 +106,14 @@ class GpuHealth(FactBase):
                 f"{{ timeout {LOG_TIMEOUT} dmesg 2>/dev/null || timeout {LOG_TIMEOUT} journalctl -k -b -o short-monotonic --no-pager 2>/dev/null; }} "
                 f"| grep -F 'NVRM: Xid' | tail -n {XID_TAIL} | sed 's/^/XID:/'; "
                 f"tail -n 100 {RESETS_FILE} 2>/dev/null | sed 's/^/RESET:/'; "
+                f"for m in {SICK_GLOB}; do [ -f \"$m\" ] && head -n 1 \"$m\" | sed 's/^/DRAINED:/'; done; "
                 "command -v nv-fabricmanager >/dev/null 2>&1 && echo \"FM_VERSION=$(timeout 5 nv-fabricmanager --version 2>/dev/null "
                 "| sed -n 's/.*[Vv]ersion is *: *//p' | head -n 1)\"; "
                 "echo \"FM_ACTIVE=$(timeout 5 systemctl is-active nvidia-fabricmanager 2>/dev/null)\"; true")
 
     def default(self):
         return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
-                "fabric_manager": {"version": None, "active": None}, "error": None}
+                "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
 
     def process(self, output):
         try:
@@ -145,6 +148,8 @@ class GpuHealth(FactBase):
                 _xid(value, out)
             elif sep and key == "RESET":
                 _reset(value, out)
+            elif sep and key == "DRAINED":
+                _drained(value, out)
         if rc == TIMED_OUT:
             out["error"] = f"nvidia-smi did not answer the health query within {SMI_TIMEOUT} s (hung driver?)"
             raise Unreadable(out["error"], out)
@@ -211,3 +216,10 @@ def _reset(text: str, out: dict) -> None:
     if len(parts) == 2 and re.fullmatch(r"\d+", parts[1]):
         key = bus_key(parts[0])
         out["resets"][key] = max(int(parts[1]), out["resets"].get(key, 0))
+
+
+def _drained(text: str, out: dict) -> None:
+    parts = text.split(None, 3)
+    if len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+        out["drained"][parts[0]] = {"since": int(parts[1]), "index": int(parts[2]),
+                                    "reason": parts[3].strip() if len(parts) > 3 else ""}
