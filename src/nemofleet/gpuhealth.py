@@ -106,7 +106,10 @@ def _xids_of(gpu, row: dict | None, h: dict) -> tuple[list[dict], int]:
         return [], 0
     key = bus_key(bus)
     mine = [x for x in h["xids"] if x["bus_id"] == key]
-    since = max(h["boot_time"] or 0, h["resets"].get(key, 0))
+    # an Xid's time is btime (whole seconds) + seconds since boot, so it can read up to 1 s late:
+    # one within a second of a recorded reset is the reset's own
+    reset = h["resets"].get(key)
+    since = max(h["boot_time"] or 0, reset + 1 if reset else 0)
     counting = [x for x in mine if x["time"] is None or x["time"] > since]
     return counting, sum(1 for x in mine if x["code"] == 64)
 
