@@ -1,7 +1,7 @@
 """nemofleet command line: testbed, plan, status, models.
 
     nemofleet testbed up|down|status|recreate HOST
-    nemofleet testbed gpu-fault HOST GPU xid79|xid48|remap-pending|ecc-uncorrectable|pcie-degraded|fabric-manager-down|clear
+    nemofleet testbed gpu-fault HOST GPU xid79|xid48|remap-pending|remap-failure|ecc-uncorrectable|pcie-degraded|fabric-manager-down|clear
     nemofleet plan INVENTORY [--limit HOST] [--json] [--facts FILE]
     nemofleet status INVENTORY [--limit HOST]
     nemofleet models

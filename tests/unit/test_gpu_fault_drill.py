@@ -53,7 +53,7 @@ def host(tmp_path):
 
 @pytest.mark.parametrize("kind,seen", [
     ("xid79", "[GPU is lost]"), ("xid48", "ecc.errors.uncorrected.volatile.total is 1"),
-    ("remap-pending", "remapped_rows.pending is Yes"), ("ecc-uncorrectable", "ecc.errors.uncorrected.volatile.total is 2"),
+    ("remap-pending", "remapped_rows.pending is Yes"), ("remap-failure", "remapped_rows.failure is Yes"), ("ecc-uncorrectable", "ecc.errors.uncorrected.volatile.total is 2"),
 ])
 def test_each_drill_leaves_that_gpu_out_and_clear_brings_it_back(host, kind, seen):
     drill, fact = host

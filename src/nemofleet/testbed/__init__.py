@@ -411,7 +411,7 @@ def down() -> None:
     log("testbed down")
 
 
-GPU_FAULT_KINDS = ("xid79", "xid48", "remap-pending", "ecc-uncorrectable", "pcie-degraded", "fabric-manager-down",
+GPU_FAULT_KINDS = ("xid79", "xid48", "remap-pending", "remap-failure", "ecc-uncorrectable", "pcie-degraded", "fabric-manager-down",
                    "clear")
 
 
