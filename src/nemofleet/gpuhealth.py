@@ -118,9 +118,12 @@ def sickness(gpu, row: dict | None, h: dict) -> str | None:
     """What was seen and what to do, when this GPU must not serve; None when it may."""
     n = gpu.index
     reset = f"drain it, run nvidia-smi -r -i {n} and record the reset (docs/gpu-health.md), then deploy again"
+    counting, xid64 = _xids_of(gpu, row, h)
+    bad = [x for x in counting if x["code"] in DRAIN_XIDS]
     if row is not None:
         if row.get("lost"):
-            return "nvidia-smi reports it lost ([GPU is lost]); reboot the host"
+            cause = f" after Xid {bad[-1]['code']} ({DRAIN_XIDS[bad[-1]['code']]})" if bad else ""
+            return f"nvidia-smi reports it lost ([GPU is lost]){cause}; reboot the host"
         action = row.get("gpu_recovery_action")
         if action not in (None, "None"):
             todo = ("reboot the host" if "reboot" in action.lower()
@@ -137,8 +140,6 @@ def sickness(gpu, row: dict | None, h: dict) -> str | None:
             return f"ecc.errors.uncorrected.volatile.total is {ecc} (uncorrectable ECC errors since its last reset); {reset}"
         if row.get("retired_pages.pending"):
             return f"retired_pages.pending is Yes (pages wait for retirement at the next reset); {reset}"
-    counting, xid64 = _xids_of(gpu, row, h)
-    bad = [x for x in counting if x["code"] in DRAIN_XIDS]
     if bad:
         x = bad[-1]
         seen = f"Xid {x['code']} ({DRAIN_XIDS[x['code']]}) in the kernel log since boot"

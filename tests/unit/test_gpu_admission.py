@@ -64,7 +64,7 @@ def test_healthy_real_formats_admit_every_gpu_without_warnings():
     ({"gpu_recovery_action": "Reset"}, "GPU Recovery Action is Reset", "nvidia-smi -r -i 2"),
     ({"gpu_recovery_action": "Reboot"}, "GPU Recovery Action is Reboot", "reboot the host"),
     ({"gpu_recovery_action": "Drain and Reset"}, "GPU Recovery Action is Drain and Reset", "nvidia-smi -r -i 2"),
-    ({"lost": True}, "[GPU is lost]", "reboot the host"),
+    ({"lost": True}, "nvidia-smi reports it lost ([GPU is lost]); reboot the host", "reboot the host"),
 ])
 def test_each_fault_leaves_its_gpu_out_with_what_was_seen_and_the_remedy(over, seen, remedy):
     gs = gpus()
@@ -238,3 +238,10 @@ def test_an_instance_of_a_new_shape_takes_names_and_ports_the_healthy_plan_does_
     identity = {frozenset([gs[1].uuid]): ("v1", 8001)}
     assert _slots(s, [lay], identity) == [("v0", 8000), ("v1", 8001), ("v2", 8002)]
     assert _slots(s, [lay], None) == [("v0", 8000), ("v1", 8001), ("v2", 8002)]
+
+
+def test_a_lost_gpu_names_the_xid_that_lost_it():
+    gs = gpus(4)
+    h = health(gs, {3: row(gs[3], lost=True)}, xids=[xid(79, gs[3])])
+    assert "reports it lost ([GPU is lost]) after Xid 79 (the GPU has fallen off the bus); reboot the host" in \
+        left_out(gs, h)[1][gs[3].uuid]
