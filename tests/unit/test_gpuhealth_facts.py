@@ -140,3 +140,25 @@ def test_health_is_a_part_of_the_one_host_command_and_optional_in_facts_files():
     assert out["health"]["gpus"][0]["uuid"] == "GPU-9d6d9006-499f-444e-e5fc-632e6d09bfc3" and out["errors"] == {}
     bad = HostFacts().process(["@@nemofleet-fact:health", "SMI:index, uuid, remapped_rows.pending", "SMI:0, GPU-a, maybe", "RC=0"])
     assert "remapped_rows.pending" in bad["errors"]["health"]
+
+
+def test_a_wedged_nvidia_smi_is_waited_for_once_not_again_for_the_health_query(tmp_path, monkeypatch):
+    import time
+
+    from nemofleet.facts import gpu, gpuhealth
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/calls\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(gpu, "SMI_TIMEOUT", 2)
+    monkeypatch.setattr(gpuhealth, "SMI_TIMEOUT", 2)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    t0 = time.monotonic()
+    out = subprocess.run(["sh", "-c", HostFacts().command()], capture_output=True, text=True, env=env, timeout=60)
+    took = time.monotonic() - t0
+    facts = HostFacts().process(out.stdout.splitlines())
+    assert facts["gpus"]["rc"] == 124 and "did not answer" in facts["errors"]["gpus"]
+    assert "health" not in facts["errors"] and facts["health"]["gpus"] == []  # the gpus sentence is the one
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 2 and calls[1] == "-q -x", calls  # the GPU and CUDA queries, not the health query too
+    assert took < 30, took

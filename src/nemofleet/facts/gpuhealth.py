@@ -42,6 +42,7 @@ RESETS_FILE = "/var/lib/nemofleet/gpu-resets"  # "PCI_BUS_ID UNIX_TIME" per rese
 # "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (templates/nemofleet-health.sh.j2)
 SICK_GLOB = "/var/lib/nemofleet/health/gpu-*.sick"
 LOG_TIMEOUT = 10
+SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out; the health query is not tried
 # `NVRM: Xid (PCI:0000:07:00): 79, pid=..., GPU has fallen off the bus.` after dmesg's
 # `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
 _XID = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?$")
@@ -128,6 +129,9 @@ class GpuHealth(FactBase):
             line = raw.rstrip("\n")
             key, sep, value = line.partition(":")
             if line == "NOCMD":
+                return out
+            if line == SMI_HUNG:  # the gpus part refuses the host with its own sentence
+                out["error"] = "not read: nvidia-smi did not answer the GPU query"
                 return out
             if line.startswith("REFUSED="):
                 out["refused_fields"].append(line[len("REFUSED="):].strip())

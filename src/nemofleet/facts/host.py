@@ -8,8 +8,8 @@ from pyinfra.api import FactBase
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
-from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
-from .gpuhealth import GpuHealth
+from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .gpuhealth import SMI_HUNG, GpuHealth
 from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
 from .weights import ModelsOnDisk
 
@@ -127,7 +127,13 @@ class HostFacts(FactBase):
         chunks = []
         for key, fact, kw in self._parts({"models_root": models_root, "image": image}):
             cmd = fact.command(**kw) if callable(fact.command) else fact.command
-            chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
+            if key == "gpus":  # kept in $g: a wedged nvidia-smi is not waited for a second time below
+                chunks.append(f"echo '{self.MARK}{key}'; g=$( ( {cmd} ) 2>/dev/null ); printf '%s\\n' \"$g\"")
+            elif key == "health":
+                chunks.append(f"echo '{self.MARK}{key}'; case \"$g\" in *RC={TIMED_OUT}*) echo {SMI_HUNG} ;; "
+                              f"*) ( {cmd} ) 2>/dev/null ;; esac")
+            else:
+                chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
         return "; ".join(chunks) + "; true"
 
     def process(self, output):
