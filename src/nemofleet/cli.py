@@ -1,6 +1,7 @@
 """nemofleet command line: testbed, plan, status, models.
 
     nemofleet testbed up|down|status|recreate HOST
+    nemofleet testbed gpu-fault HOST GPU xid79|xid48|remap-pending|remap-failure|ecc-uncorrectable|pcie-degraded|fabric-manager-down|clear
     nemofleet plan INVENTORY [--limit HOST] [--json] [--facts FILE]
     nemofleet status INVENTORY [--limit HOST]
     nemofleet models
@@ -188,6 +189,14 @@ def cmd_testbed(a) -> int:
     elif a.action == "recreate":
         for h in a.hosts:
             testbed.recreate(h)
+    elif a.action == "gpu-fault":
+        if len(a.hosts) != 3:
+            print(f"nemofleet: usage: nemofleet testbed gpu-fault HOST GPU {'|'.join(testbed.GPU_FAULT_KINDS)}",
+                  file=sys.stderr)
+            return 2
+        rc, line = testbed.gpu_fault(*a.hosts)
+        print(line, file=sys.stderr if rc else sys.stdout)
+        return rc
     return 0
 
 
@@ -322,7 +331,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="nemofleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("testbed", help="the local testbed of simulated GPU hosts")
-    t.add_argument("action", choices=["up", "down", "status", "recreate"])
+    t.add_argument("action", choices=["up", "down", "status", "recreate", "gpu-fault"])
     t.add_argument("hosts", nargs="*")
     t.add_argument("--profile", default="default")
     t.set_defaults(fn=cmd_testbed)

@@ -286,6 +286,8 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
 def _health(want: Desired, started=None, op=OPS) -> None:
     changed: set = set()
     op.files.managed(name="Health check script and cron", files=want.health_files, changed=changed)
+    if want.gpu_returns:  # only when the health script drained a GPU that reads healthy again
+        op.server.shell(name="GPUs healthy again: their instances back in the front door", commands=want.gpu_returns)
     op.server.shell(name="First health check (metrics for nemofleet status)",
                     commands=[render.first_health_check()],
                     _if=lambda: bool(changed) or bool(started is not None and started.did_change()))

@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import models as catalog
 from . import paths, render, shell, versions
 from . import preflight as checks
@@ -93,6 +94,9 @@ class Desired:
     drain_restarts: list[tuple[str, str, str]] = field(default_factory=list)  # (unit path, unit, command)
     # health
     health_files: FileMap = field(default_factory=dict)
+    # GPUs the health script drained that this plan serves on again: marker removed, instances back
+    # in the front door (docs/gpu-health.md); empty on a converged host
+    gpu_returns: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -366,7 +370,7 @@ def _plan(i: HostInputs, d: Desired) -> Plan | None:
     """The serving plan (plan.py) and the preflight checks over it (preflight.py); their
     refusals and warnings go into `d`."""
     s, facts = i.settings, i.facts
-    why = checks.gpu_refusal(facts["gpus"])
+    why = checks.host_refusal(facts)
     if why:
         d.refusals.append(why)
         return None
@@ -429,6 +433,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
         _front_door(d, s, p, facts, secrets)
     d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s, d.front_door), "0755"),
                       paths.HEALTH_CRON: (render.health_cron(s), "0644")}
+    d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.get("health")), d.front_door)
 
 
 def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:

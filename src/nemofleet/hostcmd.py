@@ -215,6 +215,21 @@ print("%d of %s" % (have, ("%d (%.0f%%)" % (total, min(100.0, 100.0 * have / tot
 """
 
 
+def gpu_returns(returning: dict[str, list[str]], front_door: bool) -> list[str]:
+    """Per GPU the health script drained that the plan serves on again (gpuhealth.returning): its
+    marker removed and its instances back in the front door, under the health script's lock."""
+    out = []
+    for uuid, names in returning.items():
+        marks = [f"{paths.HEALTH_STATE}/gpu-{uuid}.sick", f"{paths.HEALTH_STATE}/gpu-{uuid}.healthy_runs"]
+        marks += [f"{paths.HEALTH_STATE}/{n}.gpu_sick" for n in names]
+        steps = [shlex.join(["rm", "-f", *marks])]
+        if front_door:
+            steps += [f"{{ ! systemctl is-active -q haproxy || {shlex.join([paths.DRAIN_SCRIPT, 'in', n])}; }}"
+                      for n in names]
+        out.append(f"flock -w 900 {paths.HEALTH_LOCK} sh -c {shlex.quote(' && '.join(steps))}")
+    return out
+
+
 def status(models_root: str, prom_dir: str) -> str:
     """What `nemofleet status` shows of a host: release record, units (state and description,
     which names the GPUs and model), health metrics, weights on disk, downloads in progress."""
@@ -224,6 +239,7 @@ def status(models_root: str, prom_dir: str) -> str:
         f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename -- \"$u\")\n"
         "  echo \"unit $n $(timeout 10 systemctl is-active -- \"$n\") $(sed -n 's/^Description=//p' \"$u\")\"; done\n"
         f"grep -v '^#' {prom} 2>/dev/null | sed 's/^/prom /'\n"
+        f"for m in {paths.HEALTH_STATE}/gpu-*.sick; do [ -f \"$m\" ] && head -n 1 \"$m\" | sed 's/^/gpusick /'; done\n"
         f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename \"$d\")\n"
         # like with like: the index's total_size counts tensor bytes, so the shards on disk are
         # counted without their headers (a safetensors file: 8-byte length, JSON header, tensors)

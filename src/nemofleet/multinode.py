@@ -97,10 +97,12 @@ def _shape(gpus: list[Gpu]) -> str:
 def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
                     cdi_available: bool = False, cgroup_version: int | None = None,
                     cgroup_driver: str | None = None, local_meta: dict | None = None,
-                    peers: dict | None = None) -> Plan:
+                    peers: dict | None = None, health: dict | None = None) -> Plan:
     """The plan of `host` as a member of its serving group; `peers`: {member: HostFacts} of every
-    member (this host included). Raises PlanError with one sentence."""
-    s, ctx, usable, warnings = start(gpus, data, local_meta)
+    member (this host included); `health`: its GPU health fact (its admission sentences and warnings
+    join the plan's; the group's shape itself comes from every member's GPUs in _member_gpus, where
+    GPU health is not applied yet). Raises PlanError with one sentence."""
+    s, ctx, usable, warnings, _, _ = start(gpus, data, local_meta, health)
     instances, choice, more, group_env = layout(host, ctx, usable, peers)
     return finish(host, s, ctx, gpus, instances, [choice], warnings + more, group_env,
                   docker_version, cdi_available, cgroup_version, cgroup_driver)

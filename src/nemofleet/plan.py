@@ -22,6 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import models as catalog
@@ -626,9 +627,11 @@ def _departures(lay: _Layout) -> list[str]:
 # ---------------------------------------------------------------------------- plan
 
 
-def start(gpus: list[Gpu], data, local_meta: dict | None = None):
-    """(settings, context, usable GPUs, warnings): what every plan starts from, a single host's or a
-    serving group member's (multinode.make_group_plan)."""
+def start(gpus: list[Gpu], data, local_meta: dict | None = None, health: dict | None = None):
+    """What every plan starts from, a single host's or a serving group member's
+    (multinode.make_group_plan): (settings, context, usable GPUs, warnings, the GPUs selected
+    before admission, {uuid: sentence} of those GPU health left out). `health`: the host's GPU
+    health fact (facts/gpuhealth.py); a GPU that must not serve is left out like a MIG GPU."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
     s = _parse(data)
@@ -637,19 +640,22 @@ def start(gpus: list[Gpu], data, local_meta: dict | None = None):
         usable, warnings = gpu_table.select(gpus, s["gpus"])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
+    selected = usable
+    usable, sick = _admit(usable, health, warnings)
     if not catalog.is_commit(ctx.model.revision):
         warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
                         "commit so re-runs never ask the Hub")
-    return s, ctx, usable, warnings
+    return s, ctx, usable, warnings, selected, sick
 
 
 def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
               cdi_available: bool = False, cgroup_version: int | None = None,
-              cgroup_driver: str | None = None, local_meta: dict | None = None) -> Plan:
+              cgroup_driver: str | None = None, local_meta: dict | None = None,
+              health: dict | None = None) -> Plan:
     """Decide what single host `host` serves. `data` is its Settings (host data is parsed). Raises
     PlanError with one sentence on any impossibility. A member of a multi-node serving group is
-    planned by multinode.make_group_plan (planning.for_host chooses)."""
-    s, ctx, usable, warnings = start(gpus, data, local_meta)
+    planned by multinode.make_group_plan (planning.for_host chooses). `health`: see start()."""
+    s, ctx, usable, warnings, selected, sick = start(gpus, data, local_meta, health)
     if s["serving_group"]:
         raise PlanError(f"serving_group {s['serving_group']} is planned over all its members (planning.for_host)")
     layouts = []
@@ -657,17 +663,39 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         try:
             layouts.append(_layout(ctx, group))
         except _NoFit as nofit:
-            raise _refusal(ctx, group, nofit, local_meta) from None
+            raise _sick_note(_refusal(ctx, group, nofit, local_meta), sick) from None
+        except PlanError as exc:
+            raise _sick_note(exc, sick) from None
     if len(layouts) > 1:
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
     warnings += [w for w in (_safe_line_warning(lay) for lay in layouts) if w]
-    plan = finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
-                   docker_version, cdi_available, cgroup_version, cgroup_driver)
+    identity = _identity(ctx, selected) if sick else None
+    plan = finish(host, s, ctx, gpus, _instances(ctx, layouts, identity), [lay.choice for lay in layouts], warnings,
+                  {}, docker_version, cdi_available, cgroup_version, cgroup_driver)
     for lay in layouts:
         plan.departures += [d for d in _departures(lay) if d not in plan.departures]
     return plan
+
+
+def _admit(usable: list[Gpu], health, warnings: list[str]) -> tuple[list[Gpu], dict]:
+    """The GPUs whose health lets them serve (gpuhealth.py), and {uuid: sentence} of those left
+    out; the sentences and health warnings join `warnings`. PlanError when none is left."""
+    try:
+        adm = gpuhealth.admit(usable, health)
+    except gpuhealth.HealthError as exc:
+        raise PlanError(str(exc)) from None
+    warnings += list(adm.left_out.values()) + adm.warnings
+    if not adm.admitted:
+        raise PlanError("no GPU of this host may serve: " + "; ".join(adm.left_out.values()))
+    return adm.admitted, adm.left_out
+
+
+def _sick_note(exc: PlanError, sick: dict) -> PlanError:
+    if not sick:
+        return exc
+    return PlanError(f"{exc}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}")
 
 
 def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
@@ -688,21 +716,57 @@ def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_ve
     )
 
 
-def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
+def _identity(ctx: _Ctx, selected: list[Gpu]) -> dict | None:
+    """{GPU UUIDs: (name, port)} of the plan these GPUs would have if every one were healthy, so
+    that leaving a sick GPU out costs exactly the instance on it: the others keep their name,
+    port and instance_extra_args (docs/gpu-health.md). None when that plan cannot be made."""
+    try:
+        full = _instances(ctx, [_layout(ctx, grp) for grp in gpu_table.groups(selected)])
+    except (_NoFit, PlanError):
+        return None
+    return {frozenset(i.gpu_uuids): (i.name, i.host_port) for i in full}
+
+
+def _slots(s, layouts: list[_Layout], identity: dict | None) -> list[tuple[str, int]]:
+    """(name, port) per instance, in layout order: by position (prefix0, port_base, ...), or, with
+    an identity, the name and port of the same GPUs in the healthy plan; an instance of a new
+    shape gets the first name and port the healthy plan does not use."""
+    total = sum(lay.count for lay in layouts)
+    if not identity:
+        return [(f"{s['instance_prefix']}{i}", s["port_base"] + i) for i in range(total)]
+    keys = [frozenset(g.uuid for g in lay.groups[k]) for lay in layouts for k in range(lay.count)]
+    used_names, used_ports = {n for n, _ in identity.values()}, {p for _, p in identity.values()}
+    names = (n for n in (f"{s['instance_prefix']}{i}" for i in range(10**6)) if n not in used_names)
+    ports = (p for p in range(s["port_base"], 65536) if p not in used_ports)
+    out = []
+    for key in keys:
+        if key in identity:
+            out.append(identity[key])
+            continue
+        port = next(ports, None)
+        if port is None:
+            raise PlanError(f"port_base {s['port_base']} leaves no TCP port for {total} instances")
+        out.append((next(names), port))
+    return out
+
+
+def _instances(ctx: _Ctx, layouts: list[_Layout], identity: dict | None = None) -> list[Instance]:
     s = ctx.s
     total = sum(lay.count for lay in layouts)
     if not 1 <= s["port_base"] <= 65535 - total:
         raise PlanError(f"port_base {s['port_base']} is not a usable TCP port for {total} instances")
-    names = [f"{s['instance_prefix']}{i}" for i in range(total)]
+    slots = _slots(s, layouts, identity)
+    names = [n for n, _ in slots]
     per_instance = s["instance_extra_args"]
-    unknown = sorted(set(per_instance) - set(names))
+    # an instance left out with its sick GPU keeps its extra args for its return
+    unknown = sorted(set(per_instance) - set(names) - {n for n, _ in (identity or {}).values()})
     if unknown:
         raise PlanError(f"instance_extra_args names {', '.join(unknown)}, which the plan does not have ({', '.join(names)})")
     out: list[Instance] = []
     for lay in layouts:
         ctx = lay.ctx  # gpu_memory_utilization as planned for these GPUs (_unified_util)
         for k in range(lay.count):
-            name = names[len(out)]
+            name, port = slots[len(out)]
             if not _NAME.match(name):
                 raise PlanError(f"instance name {name!r} is not a valid container name")
             more = _extra(per_instance[name], f"instance_extra_args.{name}") if name in per_instance else []
@@ -713,7 +777,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
                 raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
                                 "drop the flag that grows its memory")
             out.append(Instance(
-                name=name, gpus=lay.groups[k], host_port=s["port_base"] + len(out),
+                name=name, gpus=lay.groups[k], host_port=port,
                 tp=lay.tp, ep=lay.tp > 1 and ctx.model.moe, args=[ctx.model_path] + vllm_flags.render(flags),
                 memory=mem, max_model_len=ctx.mml, max_num_seqs=lay.seqs, arch=lay.arch.name,
                 gpu_label=gpu_table.label(lay.gpus[0]),

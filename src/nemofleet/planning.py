@@ -26,7 +26,7 @@ def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = 
         docker_version=docker.get("server"),
         cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
         cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-        local_meta=checkpoint_meta(facts, s), **kw,
+        local_meta=checkpoint_meta(facts, s), health=facts.get("health"), **kw,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from . import gpuhealth
 from . import plan as planner
 from . import planning
 from . import vllm_flags
@@ -72,7 +73,7 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
         except SettingsError as exc:
             v.refusals += exc.problems
             return v
-    why = gpu_refusal(facts["gpus"])
+    why = host_refusal(facts)
     if why:
         v.refusals.append(why)
         return v
@@ -105,6 +106,12 @@ def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], li
     refusals += _runtime_refusals(facts["toolkit"], facts["docker"])
     refusals += _disk_refusals(facts, p, s)
     return refusals, warnings
+
+
+def host_refusal(facts: dict) -> str | None:
+    """Before any plan: is there a driver and a GPU (gpu_refusal), and on an NVSwitch system a
+    fabric manager of the driver's version (gpuhealth.fabric_refusal: CUDA fails with error 802)?"""
+    return gpu_refusal(facts["gpus"]) or gpuhealth.fabric_refusal(facts.get("health"), facts["gpus"]["driver"])
 
 
 def gpu_refusal(g: dict) -> str | None:

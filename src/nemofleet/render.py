@@ -17,6 +17,8 @@ from importlib import resources
 import jinja2
 
 from . import paths
+from .facts.gpuhealth import HEALTH_FIELDS, RESETS_FILE
+from .gpuhealth import DRAIN_XIDS
 from .plan import CONTAINER_PORT, Instance, Plan
 
 DEV_CHAR_RULE_TEXT = (
@@ -181,7 +183,8 @@ def health_script(plan: Plan, s, front_door: bool = False) -> str:
         group=next((i.group for i in plan.instances if i.group), None),
         check_infer=1 if s["health_check_infer"] else 0, fail_restart=s["health_fail_restart"],
         restart_grace=s["health_restart_grace"], restarts_per_hour=s["health_restarts_per_hour"],
-        prom_dir=s["prom_dir"],
+        prom_dir=s["prom_dir"], gpu_fields=",".join(HEALTH_FIELDS),
+        drain_xids=",".join(str(c) for c in sorted(DRAIN_XIDS)), resets_file=RESETS_FILE,
     )
 
 

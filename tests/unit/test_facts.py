@@ -75,6 +75,8 @@ def test_host_facts_real_h200_one_command_output():
     want.setdefault("errors", {})  # key added after the capture: nothing unreadable there
     want.setdefault("addresses", {})  # part added after the capture: an absent section is no address
     want.setdefault("rdma", [])  # part added after the capture: an absent section is no RDMA adapter
+    from nemofleet.facts.gpuhealth import GpuHealth
+    want.setdefault("health", GpuHealth().default())  # part added after the capture: absent reads as not reported
     assert fact == want
     assert fact["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and fact["cuda"] == "13.0"
     assert fact["docker"]["installed"] is False and fact["cgroup"] == 2

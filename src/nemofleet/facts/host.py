@@ -8,10 +8,11 @@ from pyinfra.api import FactBase
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
-from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .gpuhealth import SMI_HUNG, GpuHealth
 from . import schema
 from .schema import part_problem
-from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.hostcmd)
+from .lock import DeployLock  # the lock's scripts: nemofleet.hostcmd
 from .weights import ModelsOnDisk
 
 
@@ -118,6 +119,7 @@ class HostFacts(FactBase):
         "lock": (DeployLock, {}),
         "addresses": (HostAddresses, {}),
         "rdma": (RdmaDevices, {}),
+        "health": (GpuHealth, {}),  # docs/gpu-health.md
     }
     MARK = "@@nemofleet-fact:"
 
@@ -132,7 +134,13 @@ class HostFacts(FactBase):
         chunks = []
         for key, fact, kw in self._parts({"models_root": models_root, "image": image}):
             cmd = fact.command(**kw) if callable(fact.command) else fact.command
-            chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
+            if key == "gpus":  # kept in $g: a wedged nvidia-smi is not waited for a second time below
+                chunks.append(f"echo '{self.MARK}{key}'; g=$( ( {cmd} ) 2>/dev/null ); printf '%s\\n' \"$g\"")
+            elif key == "health":
+                chunks.append(f"echo '{self.MARK}{key}'; case \"$g\" in *RC={TIMED_OUT}*) echo {SMI_HUNG} ;; "
+                              f"*) ( {cmd} ) 2>/dev/null ;; esac")
+            else:
+                chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
         return "; ".join(chunks) + "; true"
 
     def process(self, output):
@@ -170,8 +178,10 @@ def facts_file_problem(host: str, facts) -> str | None:
     why = schema.part_problem("errors", facts.get("errors", {}))
     if why:
         return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
-    # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan
-    missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma")]
+    # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan;
+    # a facts file written before the health part existed plans as if every GPU were healthy
+    missing = [k for k in HostFacts.PARTS
+               if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma", "health")]
     if missing:
         return (f"the facts file's entry for {host} lacks {', '.join(missing)}: write it with "
                 "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")

@@ -135,6 +135,11 @@ PARTS = {
     "lock": Opt(dict),
     "addresses": Map(List(str)),
     "rdma": List(str),
+    # facts/gpuhealth.py: per-GPU values keep nvidia-smi's query names and may be its own text in a
+    # facts file ("Yes", "[N/A]"); gpuhealth.admit types each value where it reads it
+    "health": Obj({"?gpus": List(Obj({"uuid": str})), "?refused_fields": List(str),
+                   "?xids": List(Obj({"code": int})), "?resets": Map(ANY), "?drained": Map(ANY),
+                   "?fabric_manager": Opt(dict), "?error": Opt(str), "?boot_time": ANY}),
 }
 
 

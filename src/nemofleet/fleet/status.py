@@ -82,6 +82,18 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
     return out
 
 
+def gpu_lines(lines: list[str]) -> list[str]:
+    """`gpusick UUID SINCE INDEX REASON` (a GPU the health script drained) -> one line each."""
+    out = []
+    for ln in lines:
+        parts = ln.split(None, 4)
+        if len(parts) >= 4 and parts[0] == "gpusick" and parts[2].isdigit():
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(parts[2])))
+            why = parts[4] if len(parts) > 4 else "(no reason recorded)"
+            out.append(f"GPU {parts[3]} ({parts[1]}) SICK since {since}, its instances out of the front door: {why}")
+    return out
+
+
 def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
     """One remote command per host: what the host has (release, units, metrics, weights) and the
     commit an unpinned revision names now (HubCommit's own query); the release the inventory
@@ -108,7 +120,8 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
                 continue
             lines = e.lines()
             r.release = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
-            r.lines = unit_lines(lines, time.time()) + [ln for ln in lines if ln.startswith(("weights ", "download "))]
+            r.lines = (gpu_lines(lines) + unit_lines(lines, time.time())
+                       + [ln for ln in lines if ln.startswith(("weights ", "download "))])
             data = datas[h]
             members = data.get("serving_group_members") if data.get("serving_group") else None
             if isinstance(members, list):

@@ -436,6 +436,23 @@ def down() -> None:
     log("testbed down")
 
 
+GPU_FAULT_KINDS = ("xid79", "xid48", "remap-pending", "remap-failure", "ecc-uncorrectable", "pcie-degraded", "fabric-manager-down",
+                   "clear")
+
+
+def gpu_fault(host: str, gpu: str, kind: str) -> tuple[int, str]:
+    """Fault drill (docs/gpu-health.md): the simulated nvidia-smi and kernel log of `host` show
+    `kind` on GPU `gpu` (index or UUID), and the stand-in on it fails requests as vLLM would;
+    `clear` removes it and records a GPU reset. (exit code, one line to print)."""
+    if kind not in GPU_FAULT_KINDS:
+        return 2, f"unknown GPU fault {kind!r}; one of {', '.join(GPU_FAULT_KINDS)}"
+    r = docker("exec", container(host), "/usr/local/sbin/nemofleet-sim-fault", gpu, kind, check=False)
+    if r.returncode:
+        why = (r.stderr or r.stdout).strip().splitlines()[-1:] or [f"docker exec exit {r.returncode}"]
+        return r.returncode, f"gpu-fault on {host} failed: {why[0]}"
+    return 0, f"{host}: {r.stdout.strip()}"
+
+
 def status() -> list[dict]:
     state = read_state()
     rows = []

@@ -12,6 +12,9 @@ it in vllm:num_requests_running (beyond --max-num-seqs in vllm:num_requests_wait
 KV-cache usage, which grows with the running requests like a real server's.
 "stream": true answers as vLLM does, in server-sent events (one chunk per piece of the answer, the
 hold spread over them, then `data: [DONE]`).
+GPU fault drills (`nemofleet testbed gpu-fault`, /etc/nemofleet-sim/gpu-faults.json): on a GPU with
+xid79, xid48 or ecc-uncorrectable every inference request fails with 500, as vLLM's does once its
+engine died on a lost GPU, while /health stays 200 (vLLM's /health runs no forward pass).
 SIGTERM (docker stop) drains like vLLM's --shutdown-timeout: /health answers 503 and new requests
 are refused at once, requests in flight finish (up to --shutdown-timeout seconds), then it exits.
 """
@@ -43,6 +46,20 @@ def load_figures(max_num_seqs):
     return running, waiting, round(min(1.0, running * KV_PER_REQUEST), 4)
 
 
+GPU_FAULTS = "/etc/nemofleet-sim/gpu-faults.json"
+FATAL_FAULTS = ("xid79", "xid48", "ecc-uncorrectable")  # the GPU cannot compute any more
+
+
+def gpu_fault():
+    """The drill's fault on one of this server's GPUs that breaks inference, or None."""
+    try:
+        with open(GPU_FAULTS) as f:
+            faults = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return next((faults[u] for u in STATE.get("gpus", []) if faults.get(u) in FATAL_FAULTS), None)
+
+
 def fail(msg, code=1):
     print(msg, file=sys.stderr, flush=True)
     sys.exit(code)
@@ -57,6 +74,8 @@ def check_gpus(tp):
     if r.returncode != 0:
         fail("RuntimeError: " + (r.stdout.strip() or "nvidia-smi failed"))
     n = len([x for x in r.stdout.split() if x.strip()])
+    u = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True, text=True)
+    STATE["gpus"] = u.stdout.split() if u.returncode == 0 else []
     if tp > n:
         fail(f"ValueError: World size ({tp}) is larger than the number of available GPUs ({n}) in this node.")
     return n
@@ -178,6 +197,11 @@ class Handler(BaseHTTPRequestHandler):
             if req.get("model") not in self.names():
                 return self.send(404, {"error": {"message": f"The model `{req.get('model')}` does not exist.",
                                                  "type": "NotFoundError", "code": 404}})
+            fault = gpu_fault()
+            if fault:
+                return self.send(500, {"error": {"message": f"EngineCore encountered an issue: CUDA error on its GPU "
+                                                            f"({fault}); see the server log", "type": "InternalServerError",
+                                                 "code": 500}})
             try:
                 hold = min(MAX_HOLD_SECONDS, max(0.0, float(req.get("standin_hold_seconds") or 0)))
             except (TypeError, ValueError):

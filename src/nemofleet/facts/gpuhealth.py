@@ -1,0 +1,229 @@
+"""GPU health facts: per-GPU health fields, the GPU Recovery Action, Xid events since boot, the
+GPU resets nemofleet recorded and the fabric manager, in one bounded command (docs/gpu-health.md).
+
+Values keep nvidia-smi's query names (`remapped_rows.pending`, ...) and are typed here, at the
+edge: counts are ints, Yes/No and Active/Not Active are booleans, and a value the driver does not
+report ("[N/A]", "N/A", "[Not Supported]", or a field the driver refuses to query) is None, never
+a fault. A value nemofleet cannot read ("[Unknown Error]", text in a count) raises Unreadable with
+one sentence, which refuses that host only.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+
+from pyinfra.api import FactBase
+
+from .gpu import SMI_TIMEOUT, TIMED_OUT, Unreadable
+
+# Query fields, as `nvidia-smi --help-query-gpu` names them (driver 580 on an H200 accepts every
+# one, docs/gpu-health.md). Identity first: the driver always knows those three.
+IDENTITY = ("index", "uuid", "pci.bus_id")
+COUNTS = ("ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
+          "remapped_rows.correctable", "remapped_rows.uncorrectable",
+          "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
+          "temperature.gpu")
+YES_NO = ("retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure")
+ACTIVE = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
+          "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown")
+TEXT = ("ecc.mode.current", "fabric.state", "fabric.status", "gpu_recovery_action", "persistence_mode")
+HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
+                            "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending",
+                            "remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending",
+                            "remapped_rows.failure") + ACTIVE + (
+    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
+    "fabric.state", "fabric.status", "temperature.gpu", "persistence_mode", "gpu_recovery_action")
+
+NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
+LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
+XID_TAIL = 200  # Xid lines kept: a flapping GPU cannot grow the fact without bound
+RESETS_FILE = "/var/lib/nemofleet/gpu-resets"  # "PCI_BUS_ID UNIX_TIME" per reset nemofleet recorded
+# "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (templates/nemofleet-health.sh.j2)
+SICK_GLOB = "/var/lib/nemofleet/health/gpu-*.sick"
+LOG_TIMEOUT = 10
+SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out; the health query is not tried
+# `NVRM: Xid (PCI:0000:07:00): 79, pid=..., GPU has fallen off the bus.` after dmesg's
+# `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
+_XID = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?$")
+_REFUSED = re.compile(r'^Field "(.+)" is not a valid field to query\.')
+
+
+def bus_key(bus_id: str) -> str:
+    """'00000000:07:00.0' (nvidia-smi) and '0000:07:00' (an Xid line) -> '0000:07:00'."""
+    parts = bus_id.strip().lower().split(".")[0].split(":")
+    if len(parts) < 3:
+        return bus_id.strip().lower()
+    return f"{parts[-3][-4:]}:{parts[-2]}:{parts[-1]}"
+
+
+def typed(name: str, value, where: str = ""):
+    """One value of query field `name`, typed; Unreadable (one sentence) when it is not what
+    nvidia-smi prints for that field. Accepts an already-typed value too (facts files)."""
+    if value is None or isinstance(value, bool) and name in YES_NO + ACTIVE:
+        return value
+    text = str(value).strip()
+    if text in NOT_REPORTED:
+        return None
+    if name in COUNTS or name == "index":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if re.fullmatch(r"\d+", text):
+            return int(text)
+    elif name in YES_NO:
+        if text in ("Yes", "No"):
+            return text == "Yes"
+    elif name in ACTIVE:
+        if text in ("Active", "Not Active"):
+            return text == "Active"
+    elif isinstance(value, str) and not (text.startswith("[") and text.endswith("]")):
+        return text
+    raise Unreadable(f"nvidia-smi printed {text[:60]!r} for {name}{where}, which nemofleet cannot read; "
+                     "run nvidia-smi -q on the host")
+
+
+class GpuHealth(FactBase):
+    """{"gpus": [{query field: typed value}], "refused_fields", "xids": [{"code", "bus_id", "uptime",
+    "time", "text"}], "boot_time", "resets": {bus: unix time}, "fabric_manager": {"version", "active"},
+    "drained": {uuid: {"since", "index", "reason"}} (GPUs the health script drained), "error"}.
+
+    One bounded command: the query is retried without each field the driver refuses (at most once
+    per field), the Recovery Action comes from `nvidia-smi -q` only when the query cannot give it,
+    and the kernel log is cut to its last XID_TAIL Xid lines. Exits 0 whatever happens."""
+
+    def command(self) -> str:
+        fields = ",".join(HEALTH_FIELDS)
+        return ("command -v nvidia-smi >/dev/null 2>&1 || { echo NOCMD; exit 0; }; "
+                f"f={fields}; n=0; "
+                f"while :; do out=$(timeout {SMI_TIMEOUT} nvidia-smi --query-gpu=$f --format=csv,nounits 2>&1); rc=$?; "
+                "bad=$(printf '%s\\n' \"$out\" | sed -n 's/^Field \"\\(.*\\)\" is not a valid field to query.*/\\1/p' | head -n 1); "
+                f"[ \"$rc\" = 2 ] && [ -n \"$bad\" ] && [ $n -lt {len(HEALTH_FIELDS)} ] || break; "
+                "echo \"REFUSED=$bad\"; f=$(printf ',%s,' \"$f\" | awk -v b=\",$bad,\" '{i = index($0, b); "
+                "if (i) $0 = substr($0, 1, i) substr($0, i + length(b)); gsub(/^,|,$/, \"\"); print}'); n=$((n + 1)); done; "
+                "printf '%s\\n' \"$out\" | sed 's/^/SMI:/'; echo \"RC=$rc\"; "
+                "case \",$f,\" in *,gpu_recovery_action,*) ;; *) "
+                f"timeout {SMI_TIMEOUT} nvidia-smi -q 2>/dev/null | grep -E '^GPU [0-9A-Fa-f:.]+$|GPU Recovery Action' | sed 's/^/Q:/';; esac; "
+                "echo \"BTIME=$(awk '/^btime/{print $2}' /proc/stat 2>/dev/null)\"; "
+                f"{{ timeout {LOG_TIMEOUT} dmesg 2>/dev/null || timeout {LOG_TIMEOUT} journalctl -k -b -o short-monotonic --no-pager 2>/dev/null; }} "
+                f"| grep -F 'NVRM: Xid' | tail -n {XID_TAIL} | sed 's/^/XID:/'; "
+                f"tail -n 100 {RESETS_FILE} 2>/dev/null | sed 's/^/RESET:/'; "
+                f"for m in {SICK_GLOB}; do [ -f \"$m\" ] && head -n 1 \"$m\" | sed 's/^/DRAINED:/'; done; "
+                "command -v nv-fabricmanager >/dev/null 2>&1 && echo \"FM_VERSION=$(timeout 5 nv-fabricmanager --version 2>/dev/null "
+                "| sed -n 's/.*[Vv]ersion is *: *//p' | head -n 1)\"; "
+                "echo \"FM_ACTIVE=$(timeout 5 systemctl is-active nvidia-fabricmanager 2>/dev/null)\"; true")
+
+    def default(self):
+        return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
+                "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
+
+    def process(self, output):
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+    def parse(self, output):
+        out = self.default()
+        smi, q, rc = [], [], None
+        for raw in output:
+            line = raw.rstrip("\n")
+            key, sep, value = line.partition(":")
+            if line == "NOCMD":
+                return out
+            if line == SMI_HUNG:  # the gpus part refuses the host with its own sentence
+                out["error"] = "not read: nvidia-smi did not answer the GPU query"
+                return out
+            if line.startswith("REFUSED="):
+                out["refused_fields"].append(line[len("REFUSED="):].strip())
+            elif line.startswith("RC=") and line[3:].strip().isdigit():
+                rc = int(line[3:])
+            elif line.startswith("BTIME="):
+                text = line[len("BTIME="):].strip()
+                out["boot_time"] = int(text) if text.isdigit() else None
+            elif line.startswith("FM_VERSION="):
+                out["fabric_manager"]["version"] = line[len("FM_VERSION="):].strip() or None
+            elif line.startswith("FM_ACTIVE="):
+                out["fabric_manager"]["active"] = line[len("FM_ACTIVE="):].strip() or None
+            elif sep and key == "SMI":
+                smi.append(value)
+            elif sep and key == "Q":
+                q.append(value)
+            elif sep and key == "XID":
+                _xid(value, out)
+            elif sep and key == "RESET":
+                _reset(value, out)
+            elif sep and key == "DRAINED":
+                _drained(value, out)
+        if rc == TIMED_OUT:
+            out["error"] = f"nvidia-smi did not answer the health query within {SMI_TIMEOUT} s (hung driver?)"
+            raise Unreadable(out["error"], out)
+        if rc:
+            # the GPU facts report a failing nvidia-smi on their own (no driver, no GPU): no health then
+            out["error"] = " ".join(s.strip() for s in smi if s.strip())[:200] or f"nvidia-smi exit {rc}"
+            return out
+        try:
+            out["gpus"] = _rows([s for s in smi if s.strip()])
+        except Unreadable as exc:
+            out["error"] = str(exc)
+            raise Unreadable(str(exc), out) from None
+        if q:
+            _recovery_from_q(q, out["gpus"])
+        for xid in out["xids"]:
+            if out["boot_time"] is not None:
+                xid["time"] = round(out["boot_time"] + xid["uptime"], 3)
+        return out
+
+
+def _rows(lines: list[str]) -> list[dict]:
+    if not lines:
+        return []
+    rows = list(csv.reader(lines, skipinitialspace=True))
+    header = [re.sub(r"\s*\[.*\]$", "", h.strip()) for h in rows[0]]
+    unknown = [h for h in header if h not in HEALTH_FIELDS]
+    if unknown or "index" not in header:
+        raise Unreadable(f"nvidia-smi printed a health query header nemofleet cannot read: {lines[0].strip()[:200]}")
+    gpus = []
+    for row in rows[1:]:
+        if len(row) != len(header):
+            raise Unreadable(f"nvidia-smi printed a health row of {len(row)} fields, not {len(header)}: "
+                             f"{','.join(row)[:200]}")
+        raw = dict(zip(header, (c.strip() for c in row)))
+        where = f" of GPU {raw.get('index', '?')}"
+        gpu = {"lost": any(v == LOST for v in raw.values())}
+        for name, value in raw.items():
+            gpu[name] = None if value == LOST else typed(name, value, where)
+        gpus.append(gpu)
+    return gpus
+
+
+def _recovery_from_q(q: list[str], gpus: list[dict]) -> None:
+    """'GPU 00000000:00:06.0' / '    GPU Recovery Action : None' pairs of `nvidia-smi -q`."""
+    by_bus = {bus_key(g.get("pci.bus_id") or ""): g for g in gpus}
+    current = None
+    for line in q:
+        m = re.match(r"^GPU ([0-9A-Fa-f:.]+)$", line.strip())
+        if m:
+            current = by_bus.get(bus_key(m.group(1)))
+        elif "GPU Recovery Action" in line and current is not None:
+            current["gpu_recovery_action"] = typed("gpu_recovery_action", line.split(":", 1)[1])
+
+
+def _xid(text: str, out: dict) -> None:
+    m = _XID.match(text.strip())
+    if m:  # a line of another shape is left out: the kernel log is free text
+        out["xids"].append({"code": int(m.group(3)), "bus_id": bus_key(m.group(2)), "uptime": float(m.group(1)),
+                            "time": None, "text": (m.group(4) or "").strip()[:160]})
+
+
+def _reset(text: str, out: dict) -> None:
+    parts = text.split()
+    if len(parts) == 2 and re.fullmatch(r"\d+", parts[1]):
+        key = bus_key(parts[0])
+        out["resets"][key] = max(int(parts[1]), out["resets"].get(key, 0))
+
+
+def _drained(text: str, out: dict) -> None:
+    parts = text.split(None, 3)
+    if len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+        out["drained"][parts[0]] = {"since": int(parts[1]), "index": int(parts[2]),
+                                    "reason": parts[3].strip() if len(parts) > 3 else ""}

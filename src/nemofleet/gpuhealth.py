@@ -1,0 +1,222 @@
+"""GPU admission: which GPUs may serve, from the health fact (facts/gpuhealth.py). Pure functions.
+
+A GPU that must not serve is left out of the plan like a MIG GPU, with one sentence: which GPU,
+what was seen, what to do. Degraded PCIe links and thermal/power slowdowns are warnings. On an
+NVSwitch system a fabric manager that is not running, or not of the driver's version, refuses the
+host. docs/gpu-health.md has the table of signal -> action and its sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .facts.gpu import Unreadable
+from .facts.gpuhealth import HEALTH_FIELDS, bus_key, typed
+
+
+class HealthError(ValueError):
+    """One sentence: the health facts of this host cannot be read."""
+
+
+# Xids that mean the GPU must stop serving (NVIDIA's Xid catalog puts them in the RESET_GPU or
+# RESTART_BM resolution buckets; docs/gpu-health.md), with what they mean.
+DRAIN_XIDS = {
+    48: "an uncorrectable double-bit ECC error",
+    62: "an internal micro-controller (PMU) halt",
+    64: "a row-remapping failure",
+    74: "an NVLink error",
+    79: "the GPU has fallen off the bus",
+    95: "an uncontained ECC error",
+    119: "a GSP RPC timeout",
+    120: "a GSP error",
+    140: "an unrecovered ECC error",
+    154: "a change of the GPU recovery action",
+}
+REPEATED_XID64 = 2  # Xid 64 seen this often since boot: the memory cannot protect itself, replace it
+
+SLOWDOWNS = {
+    "clocks_event_reasons.hw_slowdown": "HW slowdown",
+    "clocks_event_reasons.hw_thermal_slowdown": "HW thermal slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown": "HW power brake slowdown",
+    "clocks_event_reasons.sw_thermal_slowdown": "SW thermal slowdown",
+}
+
+
+@dataclass
+class Admission:
+    admitted: list  # the GPUs (plan.Gpu) that may serve, in the order given
+    left_out: dict = field(default_factory=dict)  # uuid -> one sentence
+    warnings: list[str] = field(default_factory=list)
+
+
+def read(health) -> dict:
+    """The health part of a host's facts, typed again (a facts file may be written by hand, with
+    nvidia-smi's own "Yes"/"No"); HealthError with one sentence when it cannot be read."""
+    if health is None:
+        return {"gpus": [], "xids": [], "resets": {}, "boot_time": None, "fabric_manager": {}}
+    if not isinstance(health, dict) or not isinstance(health.get("gpus", []), list):
+        raise HealthError("the health facts are not an object with a list of gpus; "
+                          "write them with `pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
+    gpus = []
+    for i, row in enumerate(health.get("gpus") or []):
+        if not isinstance(row, dict):
+            raise HealthError(f"health entry {i} of gpus is not an object of nvidia-smi query fields")
+        out = {"lost": bool(row.get("lost"))}
+        try:
+            for name, value in row.items():
+                if name in HEALTH_FIELDS:
+                    out[name] = typed(name, value, f" of GPU {row.get('index', i)}")
+        except Unreadable as exc:
+            raise HealthError(str(exc)) from None
+        gpus.append(out)
+    xids = []
+    for x in health.get("xids") or []:
+        try:
+            xids.append({"code": int(x["code"]), "bus_id": bus_key(str(x["bus_id"])),
+                         "time": None if x.get("time") is None else float(x["time"]), "text": str(x.get("text", ""))})
+        except (KeyError, TypeError, ValueError):
+            raise HealthError(f"an Xid entry of the health facts is not {{code, bus_id, time}}: {str(x)[:120]}") from None
+    try:
+        resets = {bus_key(str(k)): int(v) for k, v in (health.get("resets") or {}).items()}
+        boot = health.get("boot_time")
+        boot = None if boot is None else int(boot)
+    except (TypeError, ValueError, AttributeError):
+        raise HealthError("the health facts' resets or boot_time are not unix times") from None
+    fm = health.get("fabric_manager") or {}
+    return {"gpus": gpus, "xids": xids, "resets": resets, "boot_time": boot,
+            "fabric_manager": fm if isinstance(fm, dict) else {}}
+
+
+def _row_of(gpu, rows: list[dict]) -> dict | None:
+    for r in rows:
+        if r.get("uuid") and r["uuid"] == gpu.uuid:
+            return r
+    key = bus_key(gpu.bus_id) if getattr(gpu, "bus_id", "") else None
+    for r in rows:
+        if key and r.get("pci.bus_id") and bus_key(r["pci.bus_id"]) == key:
+            return r
+    return None
+
+
+def _xids_of(gpu, row: dict | None, h: dict) -> tuple[list[dict], int]:
+    """(Xid events that count for this GPU: after the boot and its last recorded reset, the
+    number of Xid 64 since boot)."""
+    bus = getattr(gpu, "bus_id", "") or (row or {}).get("pci.bus_id") or ""
+    if not bus:
+        return [], 0
+    key = bus_key(bus)
+    mine = [x for x in h["xids"] if x["bus_id"] == key]
+    # an Xid's time is btime (whole seconds) + seconds since boot, so it can read up to 1 s late:
+    # one within a second of a recorded reset is the reset's own
+    reset = h["resets"].get(key)
+    since = max(h["boot_time"] or 0, reset + 1 if reset else 0)
+    counting = [x for x in mine if x["time"] is None or x["time"] > since]
+    return counting, sum(1 for x in mine if x["code"] == 64)
+
+
+def sickness(gpu, row: dict | None, h: dict) -> str | None:
+    """What was seen and what to do, when this GPU must not serve; None when it may."""
+    n = gpu.index
+    reset = f"drain it, run nvidia-smi -r -i {n} and record the reset (docs/gpu-health.md), then deploy again"
+    counting, xid64 = _xids_of(gpu, row, h)
+    bad = [x for x in counting if x["code"] in DRAIN_XIDS]
+    if row is not None:
+        if row.get("lost"):
+            cause = f" after Xid {bad[-1]['code']} ({DRAIN_XIDS[bad[-1]['code']]})" if bad else ""
+            return f"nvidia-smi reports it lost ([GPU is lost]){cause}; reboot the host"
+        action = row.get("gpu_recovery_action")
+        if action not in (None, "None"):
+            todo = ("reboot the host" if "reboot" in action.lower()
+                    else reset if "reset" in action.lower() or "drain" in action.lower() else
+                    f"follow NVIDIA's recovery action {action!r}")
+            return f"its GPU Recovery Action is {action}; {todo}"
+        if row.get("remapped_rows.failure"):
+            return ("remapped_rows.failure is Yes (a memory row could not be remapped: NVIDIA's RMA policy); "
+                    "replace the GPU")
+        if row.get("remapped_rows.pending"):
+            return f"remapped_rows.pending is Yes (a row remap waits for a GPU reset); {reset}"
+        ecc = row.get("ecc.errors.uncorrected.volatile.total")
+        if ecc:
+            return f"ecc.errors.uncorrected.volatile.total is {ecc} (uncorrectable ECC errors since its last reset); {reset}"
+        if row.get("retired_pages.pending"):
+            return f"retired_pages.pending is Yes (pages wait for retirement at the next reset); {reset}"
+    if bad:
+        x = bad[-1]
+        seen = f"Xid {x['code']} ({DRAIN_XIDS[x['code']]}) in the kernel log since boot"
+        if len({y["code"] for y in bad}) > 1:
+            seen += f" (and Xid {', '.join(str(c) for c in sorted({y['code'] for y in bad} - {x['code']}))})"
+        if any(y["code"] == 79 for y in bad):
+            return f"{seen}; reboot the host (a GPU that fell off the bus cannot be reset)"
+        if xid64 >= REPEATED_XID64 and any(y["code"] == 64 for y in bad):
+            return f"{seen}, Xid 64 {xid64} times since boot; replace the GPU"
+        return f"{seen}; {reset}"
+    return None
+
+
+def _warnings(gpu, row: dict) -> list[str]:
+    out = []
+    for what in ("width", "gen"):
+        cur, top = row.get(f"pcie.link.{what}.current"), row.get(f"pcie.link.{what}.max")
+        if cur is not None and top is not None and cur < top:
+            out.append(f"GPU {gpu.index} ({gpu.uuid}) runs its PCIe link at {what} {cur} of {top} "
+                       f"(pcie.link.{what}.current < max; the driver lowers it when the GPU is idle): check it "
+                       "under load and reseat the GPU or riser if it stays low")
+    slow = [label for name, label in SLOWDOWNS.items() if row.get(name)]
+    if slow:
+        out.append(f"GPU {gpu.index} ({gpu.uuid}) is slowed down ({', '.join(slow)} active, "
+                   f"temperature {row.get('temperature.gpu', '?')} C): check its cooling and power")
+    return out
+
+
+def admit(gpus: list, health) -> Admission:
+    """The GPUs of `gpus` (plan.Gpu) that may serve, a sentence per GPU left out and warnings.
+    HealthError when the health facts cannot be read."""
+    h = read(health)
+    adm = Admission(admitted=[])
+    for g in gpus:
+        row = _row_of(g, h["gpus"])
+        why = sickness(g, row, h)
+        if why:
+            adm.left_out[g.uuid] = f"GPU {g.index} ({g.uuid}) is left out of the plan: {why}"
+            continue
+        adm.admitted.append(g)
+        if row is not None:
+            adm.warnings += _warnings(g, row)
+    return adm
+
+
+def fabric_refusal(health, driver: str | None) -> str | None:
+    """On an NVSwitch system (a GPU reports fabric.state), the fabric manager must run and be of
+    the driver's version, or CUDA fails with error 802 (docs/gpu-health.md)."""
+    try:
+        h = read(health)
+    except HealthError:
+        return None  # admit() says it
+    states = [r.get("fabric.state") for r in h["gpus"] if r.get("fabric.state") is not None]
+    if not states:
+        return None
+    fm = h["fabric_manager"]
+    if fm.get("active") != "active":
+        return (f"this is an NVSwitch system (fabric.state {states[0]}) but nvidia-fabricmanager is "
+                f"{fm.get('active') or 'not running'}, so CUDA fails with error 802; "
+                "install nvidia-fabricmanager of the driver's version and systemctl enable --now nvidia-fabricmanager")
+    if driver and fm.get("version") and fm["version"] != driver:
+        return (f"nvidia-fabricmanager {fm['version']} runs with driver {driver} on this NVSwitch system, and the two "
+                "must be the same version (CUDA fails with error 802); install nvidia-fabricmanager "
+                f"{driver} and restart it")
+    return None
+
+
+def returning(instances: list, health) -> dict[str, list[str]]:
+    """{uuid: [instance names]} of the GPUs the health script drained (their marker is in the
+    health fact) that this plan serves on again: the deploy puts those instances back in the
+    front door and removes the marker, so a healthy GPU returns at the next deploy."""
+    drained = (health or {}).get("drained") if isinstance(health, dict) else None
+    if not isinstance(drained, dict):
+        return {}
+    out: dict[str, list[str]] = {}
+    for uuid in sorted(drained):
+        names = [i.name for i in instances if uuid in i.gpu_uuids]
+        if names:
+            out[uuid] = names
+    return out
