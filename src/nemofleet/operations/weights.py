@@ -63,9 +63,17 @@ def slug(directory: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
 
 
-def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
+def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
     """Copy the weights from a peer that has them complete (rsync over SSH); on any failure,
-    fall back to the mirror. The completion marker is not copied: this host verifies itself."""
+    fall back to the mirror. The completion marker is not copied: this host verifies itself.
+    Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
+    one copy is complete and of this commit; each resumes what the one before left (--partial)."""
+    if isinstance(seed, list):
+        return [line for peer in seed for line in _seed_lines(peer, directory, revision)]
+    return _seed_lines(seed, directory, revision)
+
+
+def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     q = shlex.quote
     ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
            f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
@@ -73,9 +81,11 @@ def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     root = seed.get("root", "").rstrip("/")
     rel = directory[len(root) + 1:] if root and directory.startswith(root + "/") else directory
     src = f"{seed.get('user', 'root')}@{seed['host']}:{rel}/"
+    # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
+    bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
     return [
         # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-        f"if rsync -a --partial --timeout=120 --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        f"if rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
         f"then echo 'seeded {directory} from {seed['host']}'; "
         f"else echo 'seeding from {seed['host']} failed; falling back to the Hugging Face mirror' >&2; fi",
         # the peer's files count only when they are complete AND of this commit (HF metadata)
