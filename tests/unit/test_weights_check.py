@@ -78,3 +78,38 @@ def test_full_verify_catches_corruption_of_same_size(tmp_path):
         f.seek(-1, 2)
         f.write(b"\x00")
     assert check(d, sha, "full")[1]["truncated"] == ["model-00001-of-00002.safetensors"]
+
+
+def _fake_rsync(tmp_path, source_dir):
+    """An `rsync` on PATH (the marker excluded, as --exclude does): peer `dead` dies mid-copy (one shard half-written, exit 30 as on
+    --timeout), any other peer copies everything (as rsync --partial resumes)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rsync").write_text(f"""#!/bin/sh
+for a; do dest=$a; done
+case "$*" in
+  *@dead:*) cp -a {source_dir}/. "$dest"; rm -f "$dest/.nemofleet-complete"; f=$(ls "$dest"/model-00002*); head -c 1000 "$f" > "$f.x"; mv "$f.x" "$f"; exit 30;;
+  *) cp -a {source_dir}/. "$dest"; rm -f "$dest/.nemofleet-complete";;
+esac
+""")
+    (bin_dir / "rsync").chmod(0o755)
+    return str(bin_dir)
+
+
+def test_a_killed_source_is_replaced_and_a_half_copy_never_marked(tmp_path):
+    from nemofleet.operations.weights import seed_lines
+
+    src, sha = model(tmp_path / "src")
+    check(src, sha, "write")  # the source holds a verified copy
+    env = dict(os.environ, PATH=_fake_rsync(tmp_path, src) + ":" + os.environ["PATH"])
+    for peers, resumed in ((["dead", "good"], True), (["dead"], False)):
+        dest = str(tmp_path / f"dest-{len(peers)}")
+        os.makedirs(dest)
+        script = "\n".join(seed_lines([{"host": p, "root": str(tmp_path)} for p in peers], dest, sha)
+                           + ["echo 'on to hf download'"]).replace("python3 ", sys.executable + " ")
+        r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+        assert "seeding from dead failed" in r.stderr
+        assert ("no download needed" in r.stdout) == resumed and ("on to hf download" in r.stdout) != resumed
+        assert not os.path.exists(os.path.join(dest, ".nemofleet-complete"))  # the copy never marks itself
+        rc, out, _ = check(dest, sha, "write")  # the weights operation's check runs on arrival
+        assert (rc == 0 and out["marker"]) if resumed else (rc == 1 and out["truncated"])
