@@ -120,3 +120,29 @@ def test_settings_and_the_seed_list_reach_rsync_with_the_bound():
             raise AssertionError(bad)
         except settings_mod.SettingsError:
             pass
+
+
+def test_plan_shows_who_seeds_whom_and_each_host_says_its_sources(tmp_path, capsys):
+    import json
+
+    from nemofleet import cli
+    from nemofleet.models import host_dir_name
+    from test_desired import REV, facts
+
+    pub = tmp_path / "seed.pub"
+    pub.write_text("ssh-ed25519 AAAAC3NzaFLEET nemofleet-weights-seed\n")
+    model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}
+    data = {"vllm_api_key": "sk-nf-" + "a" * 32, "model": model, "weights_seed_key": KEYS["weights_seed_key"],
+            "weights_seed_public_key_file": str(pub)}
+    names = ["h200-1", "h200-2", "h200-3"]
+    inv = tmp_path / f"inv_fan_{tmp_path.name.replace('-', '_')}.py"
+    inv.write_text(f"gpu_h200 = {[(n, dict(data, weights_peer_address=f'10.0.0.{k}')) for k, n in enumerate(names, 1)]!r}\n")
+    f = {n: facts() for n in names}
+    key = fanout.wanted(data, {**KEYS})
+    f["h200-2"]["models"] = {host_dir_name(*key): {"complete": True, "revision": key[1]}}  # h200-2 holds it
+    (tmp_path / "facts.json").write_text(json.dumps(f))
+    assert cli.main(["plan", str(inv), "--facts", str(tmp_path / "facts.json")]) == 0
+    out = capsys.readouterr().out
+    assert "== weights fan-out" in out and "fetches" not in out  # a holder seeds: no origin fetch
+    assert f"h200-1: copies {key[0]}@{key[1][:12]} from h200-2, then the origin (step 0)" in out
+    assert "weights: copied from 10.0.0.2 (rsync over SSH, verified here), then the mirror" in out
