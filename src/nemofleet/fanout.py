@@ -25,6 +25,9 @@ from . import settings as settings_mod
 
 Key = tuple  # (repo, revision)
 SPARE_SOURCES = 2  # holders named after the first, tried in order before the origin
+# A source of the same run may still be fetching: the copy waits for its verified marker while
+# its directory grows, and moves on after this many seconds without progress (a failed source).
+SOURCE_STALL = 600
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,13 @@ class FanOut:
     def lines(self) -> list[str]:
         return [c.line() for c in self.copies.values()]
 
-    def seed_from(self, host: str, address: Mapping) -> list[str] | None:
-        """The host's `weights_seed_from`: its sources as peers reach them (None: from the origin)."""
+    def seed_from(self, host: str, address: Mapping, wait: int = SOURCE_STALL) -> list | None:
+        """The host's `weights_seed_from`: its sources as peers reach them (None: from the origin),
+        each waited for while it is still fetching (at most `wait` s without progress)."""
         c = self.copies.get(host)
         if c is None or not c.sources:
             return None
-        return [address.get(s) or s for s in c.sources]
+        return [{"host": address.get(s) or s, "wait": wait} for s in c.sources]
 
 
 def decide(batches: list[list[str]], wants: Mapping, holders: Mapping, spare: int = SPARE_SOURCES) -> FanOut:

@@ -163,14 +163,18 @@ def _seed(value) -> str | None:
     if isinstance(value, str):
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
-        return "must be a peer host name or {host, user, port, key}"
-    extra = sorted(set(value) - {"host", "user", "port", "key"})
+        return "must be a peer host name or {host, user, port, key, wait}"
+    extra = sorted(set(value) - {"host", "user", "port", "key", "wait"})
     if extra:
         return f"has unknown keys {', '.join(extra)}"
     if value.get("user") is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", str(value["user"])):
         return f"user {value['user']!r} is not a user name"
     if value.get("port") is not None and not (isinstance(value["port"], int) and 0 < value["port"] < 65536):
         return f"port {value['port']!r} is not a TCP port"
+    if value.get("wait") is not None and not (isinstance(value["wait"], int) and not isinstance(value["wait"], bool)
+                                              and 10 <= value["wait"] <= 86400):
+        return (f"wait {value['wait']!r} must be 10 to 86400 seconds (how long the peer may show no progress "
+                "while it is still fetching the weights itself)")
     return None
 
 

@@ -75,9 +75,10 @@ def test_seed_from_names_peers_as_they_reach_each_other():
     hs = hosts(4)
     f = fanout.decide([hs], {h: K for h in hs}, {})
     assert f.seed_from("h1", {}) is None
-    assert f.seed_from("h4", {"h2": "10.0.0.2"}) == ["10.0.0.2", "h1"]  # its source, then a spare
-    peers = f.seed_from("h3", {"h1": "nf-h1"})
-    assert peers == ["nf-h1", "h2"]
+    assert f.seed_from("h4", {"h2": "10.0.0.2"}) == [{"host": "10.0.0.2", "wait": 600},  # its source,
+                                                      {"host": "h1", "wait": 600}]  # then a spare
+    peers = f.seed_from("h3", {"h1": "nf-h1"}, wait=30)
+    assert peers == [{"host": "nf-h1", "wait": 30}, {"host": "h2", "wait": 30}]
     assert settings_mod._check(settings_mod.BY_NAME["weights_seed_from"], peers) is None
 
 
@@ -104,11 +105,13 @@ def test_settings_and_the_seed_list_reach_rsync_with_the_bound():
     seed = seed_sources(s)
     assert [x["host"] for x in seed] == ["a", "b"] and all(x["bwlimit"] == "200M" for x in seed)
     lines = seed_lines(seed, "/srv/nemofleet/models/m@c", "c" * 40)
-    assert len(lines) == 4 and "root@a:m@c/" in lines[0] and "root@b:m@c/" in lines[2]
-    assert "--bwlimit=200M" in lines[0] and "-p 2222" in lines[2]
+    assert len(lines) == 6 and "root@a:m@c/" in lines[1] and "root@b:m@c/" in lines[4]
+    assert "--bwlimit=200M" in lines[1] and "-p 2222" in lines[4] and "list-only" not in " ".join(lines)
+    waiting = seed_lines([{"host": "a", "wait": 30, "root": "/srv/nemofleet/models"}], "/srv/nemofleet/models/m@c", "c" * 40)
+    assert "rsync --list-only" in waiting[0] and "root@a:m@c/.nemofleet-complete" in waiting[0] and "-ge 30 ]" in waiting[0]
     single = seed_sources(settings_mod.parse({"weights_seed_from": "a"}))
     assert isinstance(single, dict) and "bwlimit" not in single  # one peer: as before
-    for bad in ([], ["a"] * 9, ["bad host"], 5):
+    for bad in ([], ["a"] * 9, ["bad host"], 5, [{"host": "a", "wait": 5}], {"host": "a", "wait": True}):
         try:
             settings_mod.parse({"weights_seed_from": bad})
             raise AssertionError(bad)

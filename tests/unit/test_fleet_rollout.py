@@ -333,37 +333,43 @@ def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
     return o, calls, lines, probes
 
 
-def test_rollout_fetches_once_then_copies_in_doubling_steps(monkeypatch):
+def _sources(calls):
+    import json
+
+    return {h: [p["host"] for p in json.loads(v)] if v else None for h, v in calls}
+
+
+def test_rollout_fetches_once_and_every_other_host_copies_in_a_tree(monkeypatch):
     import json
 
     names = [f"h{i}" for i in range(1, 9)]
     o, calls, lines, probes = _fan_rollout(monkeypatch, names, batch="100%")
     assert o.ok and len(probes) == 1  # the holders are read in the reachability probe
-    assert calls[0] == ("h1", None)  # the origin fetch
-    seeds = {h: json.loads(s) for h, s in calls[1:]}
-    assert seeds["h2"] == ["nf-h1"] and [h for h, _ in calls] == names
-    # steps: h1 | h2 | h3 h4 | h5..h8; every source is a host deployed before
-    order = [h for h, _ in calls]
-    assert all(order.index(src[3:]) < order.index(h) for h, p in seeds.items() for src in p)
-    assert [len(seeds[h]) for h in ("h2", "h3", "h5", "h8")] == [1, 2, 3, 3]  # the source, then spares
-    assert "  weights: h2: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h1, then the origin" in lines
+    src = _sources(calls)
+    assert sorted(src) == names and [h for h, v in src.items() if v is None] == ["h1"]  # one origin fetch
+    assert src["h2"] == ["nf-h1"] and src["h3"] == ["nf-h1", "nf-h2"] and len(src["h8"]) == 3
+    assert all(f"nf-{h}" not in v for h, v in src.items() if v)
+    assert all(p["wait"] == 600 for _, v in calls if v for p in json.loads(v))  # a source may still be fetching
+    assert "  weights: h2: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h1, " \
+           "then the origin (step 1)" in lines
 
 
-def test_canary_fetches_a_failed_source_is_replaced_and_holders_seed_at_once(monkeypatch):
-    import json
-
+def test_canary_fetches_a_failed_host_is_never_a_source_and_limit_is_honoured(monkeypatch):
     names = ["h1", "h2", "h3", "h4"]
-    # the canary h1 fetches; h2 fails its deploy: h3 and h4 copy from h1 (never from h2)
-    o, calls, _, _ = _fan_rollout(monkeypatch, names, fail=("h2",), canary=1, batch="100%", max_failures=1)
-    assert calls[0] == ("h1", None) and calls[1] == ("h2", json.dumps(["nf-h1"]))
-    later = {h: json.loads(s) for h, s in calls[2:]}
-    assert later["h3"][0] == "nf-h1" and all("nf-h2" not in v for v in later.values())
-    # --limit honoured: only the selected hosts are probed and deployed (h1 is outside the run)
+    # the canary fetches from the origin; the next batch copies from it
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, canary=1, batch="100%")
+    assert _sources(calls) == {"h1": None, "h2": ["nf-h1"], "h3": ["nf-h1", "nf-h2"], "h4": ["nf-h2", "nf-h1"]}
+    # one host per batch: h2 fails its deploy, so no later host names it
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, fail=("h2",), batch="1", max_failures=1)
+    src = _sources(calls)
+    assert src["h1"] is None and src["h2"] == ["nf-h1"] and all("nf-h2" not in src[h] for h in ("h3", "h4"))
+    # --limit: only the selected hosts are probed and deployed (h1, a holder, is outside the run)
     o, calls, _, _ = _fan_rollout(monkeypatch, names, holds=("h1",), limit=["h3", "h4"], batch="100%")
-    assert calls == [("h3", None), ("h4", json.dumps(["nf-h3"]))]
+    assert _sources(calls) == {"h3": None, "h4": ["nf-h3"]}
     # a fleet that already holds the commit on h1: nobody fetches from the origin
     o, calls, _, _ = _fan_rollout(monkeypatch, names, holds=("h1",), batch="100%")
-    assert ("h1", None) in calls and all(json.loads(s)[0] in ("nf-h1", "nf-h2", "nf-h3") for h, s in calls if h != "h1")
+    src = _sources(calls)
+    assert src["h1"] is None and all(src[h] for h in ("h2", "h3", "h4")) and src["h2"][0] == "nf-h1"
 
 
 def test_no_seed_key_or_fanout_off_deploys_as_before(monkeypatch):

@@ -296,18 +296,14 @@ def fan_in(inventory: str, hosts: list[str], units: list[list[str]], data: dict 
     return FanIn(wants, dirs, address)
 
 
-def _steps(fan: FanIn, group: list[str], unit_of: dict, log):
-    """The batch in fan-out steps: decided again before each step from the holders there are
-    now, so a host that failed is never a source. Yields (hosts of the step, {host: seed list})."""
-    left = [h for h in group if h == unit_of[h][0]]
-    while left:
-        f = fanout.decide([left], fan.wants, fan.holders)
-        step = f.steps(left)[0]
-        for h in step:
-            if h in f.copies:
-                log(f"  weights: {f.copies[h].line().rsplit(' (step', 1)[0]}")
-        yield step, {h: f.seed_from(h, fan.address) for h in step}
-        left = [h for h in left if h not in step]
+def _seeds(fan: FanIn, heads: list[str], log) -> dict:
+    """{host: its weights_seed_from} for one batch, decided from the holders verified before it.
+    The batch deploys at once: a host whose source is still fetching waits for it on the host
+    (weights._wait_lines) and moves on to the next source, then the origin, if it stalls."""
+    f = fanout.decide([heads], fan.wants, fan.holders)
+    for line in f.lines():
+        log(f"  weights: {line}")
+    return {h: f.seed_from(h, fan.address) for h in heads}
 
 
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
@@ -315,8 +311,8 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
             ttl: int = lock.DEFAULT_TTL, log=print) -> Outcome:
     """Batches of deploy units (a host, or a multi-node serving group counted as one): canary
     first, each gated on health, halted when the failure budget (hosts) is spent. Hosts that
-    need the same weights fan out (docs/fanout.md): each batch is deployed in steps, one host per
-    model fetching from the origin, the others copying from hosts that hold it verified."""
+    need the same weights fan out (docs/fanout.md): one host per model fetches it from the
+    origin, the others copy it from a host that holds it (or is fetching it) in a tree."""
     hosts = driver.serving_hosts(inventory, limit)
     units = driver.group_units(inventory, hosts)
     check_options(len(units), batch, canary, max_failures)
@@ -342,21 +338,23 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 outcome.halted = True
                 outcome.reason = "; ".join(lost) or f"failure budget {max_failures} spent before {label}"
                 break
-            reach = [h for h in group if all(by_host[m].result != "unreachable" for m in unit_of[h])]
-            for step, seeds in _steps(fan, reach, unit_of, log):
-                def one(u, seeds=seeds):
-                    # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
-                    extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
-                    return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log)
-                with ThreadPoolExecutor(max_workers=max(1, len(step))) as pool:
-                    for done in pool.map(one, [unit_of[h] for h in step]):
-                        for res in done:
-                            by_host[res.host].__dict__.update(res.__dict__)
-                            log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
-                            failures += res.result != "ok"
-                            if res.result == "ok" and res.host in fan.wants:
-                                # its deploy verified the weights (the check wrote the marker): a source now
-                                fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
+            todo = [unit_of[h] for h in group if h == unit_of[h][0]
+                    and all(by_host[m].result != "unreachable" for m in unit_of[h])]
+            seeds = _seeds(fan, [u[0] for u in todo], log)
+
+            def one(u):
+                # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
+                extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
+                return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log)
+            with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+                for done in pool.map(one, todo):
+                    for res in done:
+                        by_host[res.host].__dict__.update(res.__dict__)
+                        log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
+                        failures += res.result != "ok"
+                        if res.result == "ok" and res.host in fan.wants:
+                            # its deploy verified the weights (the check wrote the marker): a source now
+                            fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
             if failures > max_failures:
                 outcome.halted = True
                 outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"

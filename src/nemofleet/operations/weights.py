@@ -84,14 +84,37 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
     bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
     return [
+        *(_wait_lines(seed, ssh, src, directory) if seed.get("wait") else ["ok=1"]),
         # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-        f"if rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        f"if [ $ok = 1 ] && rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete --exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}; "
         f"then echo 'seeded {directory} from {seed['host']}'; "
-        f"else echo 'seeding from {seed['host']} failed; falling back to the Hugging Face mirror' >&2; fi",
+        f"else echo 'seeding from {seed['host']} failed; trying the next source, then the Hugging Face mirror' >&2; fi",
         # the peer's files count only when they are complete AND of this commit (HF metadata)
         f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
         "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
         "echo 'peer copy is complete and of this commit: no download needed'; exit 0; fi",
+    ]
+
+
+WAITING = ".cache/nemofleet-waiting"  # touched while this host waits for its own source
+
+
+def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
+    """A fan-out source of the same run may still be fetching (docs/fanout.md): wait until its
+    completion marker is there (it verified its copy), as long as its directory changes (files
+    growing, or its own heartbeat while it waits for its source in turn); after `wait` s without
+    a change (a source that failed, hangs or is down) it is skipped. The heartbeat lives under
+    .cache, which the weights check does not count, and is never copied."""
+    q = shlex.quote
+    stall = int(seed["wait"])
+    beat = q(f"{directory}/{WAITING}")
+    return [
+        f"ok=1; last=; idle=0; mkdir -p {q(directory + '/.cache')}; "
+        f"while ! rsync --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
+        f"now=$(rsync -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null | cksum); "
+        "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + 10)); fi; "
+        f"if [ $idle -ge {stall} ]; then ok=0; echo 'source {seed['host']} has no verified copy and made no progress "
+        f"for {stall} s' >&2; break; fi; sleep 10; done; rm -f {beat}",
     ]
 
 
