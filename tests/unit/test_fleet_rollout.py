@@ -380,3 +380,15 @@ def test_no_seed_key_or_fanout_off_deploys_as_before(monkeypatch):
     off = {n: dict(SEEDED, weights_fanout=False) for n in names}
     o, calls, _, _ = _fan_rollout(monkeypatch, names, datas=off, batch="100%")
     assert calls == [(n, None) for n in names]
+
+
+def test_run_data_is_read_as_pyinfra_reads_it(monkeypatch):
+    # `--data model={"catalog": ..., "revision": ...}` and `--data weights_fanout=false` arrive as text
+    import json
+
+    names = ["h1", "h2"]
+    other = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "d" * 40}
+    o, calls, lines, _ = _fan_rollout(monkeypatch, names, batch="100%", data={"model": json.dumps(other)})
+    assert _sources(calls) == {"h1": None, "h2": ["nf-h1"]} and any("@dddddddddddd" in ln for ln in lines)
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, batch="100%", data={"weights_fanout": "false"})
+    assert _sources(calls) == {"h1": None, "h2": None}

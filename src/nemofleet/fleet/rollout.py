@@ -281,11 +281,14 @@ class FanIn:
 def fan_in(inventory: str, hosts: list[str], units: list[list[str]], data: dict | None) -> FanIn:
     """The fan-out's inputs from the hosts' data (the run's --data on top, as the deploy sees it);
     a member of a multi-node serving group fetches as it would alone."""
+    from pyinfra_cli.util import parse_cli_arg  # --data values as pyinfra reads them (JSON, numbers, booleans)
+
     datas = driver.host_data(inventory) if hosts else {}
     grouped = {h for u in units if len(u) > 1 for h in u}
+    given = {k: parse_cli_arg(v) if isinstance(v, str) else v for k, v in (data or {}).items()}
     wants, dirs, address = {}, {}, {}
     for h in hosts:
-        d = {**(datas.get(h) or {}), **(data or {})}
+        d = {**(datas.get(h) or {}), **given}
         key = None if h in grouped else fanout.wanted(d, inputs.read_secrets(d))
         if key is not None:
             wants[h] = key
