@@ -1,0 +1,200 @@
+"""Weights fan-out: bytes the origin serves and time to serving, with and without fan-out.
+
+    flock /work/testbed.lock .venv/bin/python bench/fanout.py   # BENCH_FAN_SIZES=1,4,8 BENCH_FAN_GB=1.1
+
+On full test hosts of a testbed of its own (nf-fan, ports 23901+; 1x H200 profile each, own
+dockerd, sshd, systemd), converged once with the testbed's tiny model (set-up, not measured).
+Then a generated model of BENCH_FAN_GB GB (4 valid safetensors shards of random bytes, served by
+the testbed's mirror under the Lightning NVFP4 repo id at a commit of its own) is rolled out to N
+fresh-for-that-model hosts (`nemofleet rollout --batch 100%`, the model given with --data) with
+the mirror's uplink bounded to BENCH_FAN_RATE bytes/s (50 MB/s), once with the fan-out off
+(`weights_fanout=false`: every host fetches from the mirror) and once on, side by side:
+
+- origin bytes: the bytes of file downloads the mirror served during the run (its `.bytes` log;
+  API calls are not counted), against the model's own bytes;
+- time to serving: the rollout's wall time, from start until every host passed the health gate;
+- every host's weights verified: the completion marker of the commit, written by the weights
+  check on the host after the copy.
+
+Before each run the model's directory is removed on every host (the tiny model's stays: the
+hosts are otherwise converged, as after a release of a new model commit). Results:
+bench/results/fanout.json and a table. BENCH_KEEP=1 keeps the testbed up afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("NEMOFLEET_TESTBED_NAME", "nf-fan")
+os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-fan"))
+os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "23901")
+os.environ["PYINFRA_PROGRESS"] = "off"
+sys.path.insert(0, str(ROOT / "src"))
+
+from nemofleet import testbed  # noqa: E402
+from nemofleet.models import host_dir_name  # noqa: E402
+from nemofleet.testbed import tinymodel  # noqa: E402
+
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+INVENTORY = "inventories/testbed.py"
+MODELS = "/srv/nemofleet/models"
+PROFILE = {"group": "gpu_h200", "driver": "580.159.04", "cuda": "13.0", "toolkit": "1.18.0",
+           "gpus": [{"name": "NVIDIA H200", "memory_mib": 143771, "cc": "9.0", "bus_id": "00000000:00:06.0",
+                     "uuid": "GPU-ea950d4d-c55e-4fad-740e-b8bae40ede3a", "mig": "Disabled",
+                     "persistence": "Enabled", "power_limit": 700}]}
+
+
+def log(msg):
+    print(f"[bench] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def profile_file(n: int) -> Path:
+    import yaml
+
+    p = testbed.testbed_dir() / "fan-profile.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump({"hosts": {f"fan-{i}": PROFILE for i in range(1, n + 1)}}))
+    return p
+
+
+def pyinfra(hosts: list[str], *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts))
+    return subprocess.run([PYINFRA, "-y", *args, INVENTORY, "deploys/nemotron.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+def ensure(n: int) -> list[str]:
+    hosts = [f"fan-{i}" for i in range(1, n + 1)]
+    t0 = time.time()
+    testbed.up(str(profile_file(n)), only=hosts)
+    todo = [h for h in hosts if on(h, "test -s /var/lib/nemofleet/release").returncode]
+    if todo:
+        r = pyinfra(todo)
+        bad = [h for h in todo if on(h, "test -s /var/lib/nemofleet/release").returncode]
+        if bad:
+            raise SystemExit(f"first converge failed on {', '.join(bad)}:\n{(r.stdout + r.stderr)[-3000:]}")
+    log(f"{n} host(s) up and converged with the tiny model in {time.time() - t0:.0f}s")
+    return hosts
+
+
+def on(host: str, cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", testbed.container(host), "sh", "-c", cmd], capture_output=True, text=True)
+
+
+def big_model(gb: float) -> tuple[str, int]:
+    """A generated model of `gb` GB: 4 valid safetensors shards of random bytes (fast to make,
+    incompressible, so rsync and HTTP move every byte), published as a commit of the testbed's repo."""
+    state = testbed.read_state()
+    want = int(gb * 1e9)
+    if state.get("fan_model", {}).get("bytes") == want:
+        return state["fan_model"]["sha"], state["fan_model"]["weight_bytes"]
+    t0 = time.time()
+    rng = random.Random(28)
+    files, weight_map, total, shards = {}, {}, 0, 4
+    for i in range(1, shards + 1):
+        n = want // shards // 2 * 2
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tname = f"backbone.layers.{i - 1}.mixer.weight"
+        files[name] = tinymodel.safetensors_bytes({tname: ([n // 2], rng.randbytes(n))})
+        weight_map[tname] = name
+        total += n
+    files["model.safetensors.index.json"] = json.dumps({"metadata": {"total_size": total},
+                                                        "weight_map": weight_map}).encode()
+    files["config.json"] = json.dumps({"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+                                       "max_position_embeddings": 1048576, "nemofleet_tiny": "fan-bench"}).encode()
+    files["tokenizer.json"] = json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0}}}).encode()
+    files["tokenizer_config.json"] = b"{}"
+    repos = testbed.testbed_dir() / "hf" / "repos"
+    refs = repos / testbed.MODEL_REPO / "refs.json"
+    old = json.loads(refs.read_text()) if refs.exists() else {}
+    sha = tinymodel.publish(str(repos), testbed.MODEL_REPO, files)
+    refs.write_text(json.dumps({**old, "fan-bench": sha}))  # main stays the tiny model's commit
+    weight_bytes = sum(len(v) for v in files.values())
+    state["fan_model"] = {"sha": sha, "bytes": want, "weight_bytes": weight_bytes}
+    testbed.write_state(state)
+    log(f"generated model {sha[:12]}: {weight_bytes / 1e9:.2f} GB in {time.time() - t0:.0f}s")
+    return sha, weight_bytes
+
+
+def mirror_bytes(sha: str) -> int:
+    path = testbed.testbed_dir() / "hf" / "requests.log.bytes"
+    if not path.exists():
+        return 0
+    return sum(int(line.split()[0]) for line in path.read_text().splitlines() if sha in line)
+
+
+def set_rate(rate: int | None) -> None:
+    path = testbed.testbed_dir() / "hf" / "uplink-rate"
+    if rate:
+        path.write_text(str(rate))
+    else:
+        path.unlink(missing_ok=True)
+
+
+def one_run(hosts: list[str], sha: str, fan: bool, rate: int) -> dict:
+    from nemofleet.fleet import rollout
+
+    wdir = f"{MODELS}/{host_dir_name(testbed.MODEL_REPO, sha)}"
+    for h in hosts:  # fresh for this model: its directory gone
+        on(h, f"rm -rf '{wdir}' '{wdir}.nemofleet-link'")
+    set_rate(rate)
+    before = mirror_bytes(sha)
+    model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}
+    data = {"model": json.dumps(model), **({} if fan else {"weights_fanout": "false"})}
+    lines: list[str] = []
+    t0 = time.monotonic()
+    o = rollout.rollout(INVENTORY, batch="100%", window=600, limit=hosts, data=data, log=lines.append)
+    wall = time.monotonic() - t0
+    served = mirror_bytes(sha) - before
+    verified = [h for h in hosts if on(h, f"grep -qs '\"revision\": \"{sha}\"' '{wdir}/.nemofleet-complete'").returncode == 0]
+    r = {"hosts": len(hosts), "fanout": fan, "rate_bytes_s": rate, "time_to_serving_s": round(wall, 1),
+         "origin_bytes": served, "ok": o.ok, "verified": len(verified),
+         "results": {x.host: x.result for x in o.results},
+         "tree": [ln.strip() for ln in lines if ln.strip().startswith("weights:")]}
+    if not o.ok:
+        r["table"] = o.table()
+        r["log_tail"] = lines[-20:]
+    log(json.dumps({k: v for k, v in r.items() if k not in ("tree", "log_tail")}))
+    return r
+
+
+def main() -> int:
+    sizes = [int(x) for x in os.environ.get("BENCH_FAN_SIZES", "1,4,8").split(",")]
+    gb = float(os.environ.get("BENCH_FAN_GB", "1.1"))
+    rate = int(float(os.environ.get("BENCH_FAN_RATE", "50e6")))
+    os.chdir(ROOT)
+    hosts = ensure(max(sizes))
+    sha, weight_bytes = big_model(gb)
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores",
+           "model_bytes": weight_bytes, "mirror_rate_bytes_s": rate, "runs": []}
+    for n in sizes:
+        for fan in (False, True):
+            out["runs"].append(one_run(hosts[:n], sha, fan, rate))
+            (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+            (ROOT / "bench" / "results" / "fanout.json").write_text(json.dumps(out, indent=2))
+    set_rate(None)
+    print(table(out))
+    if os.environ.get("BENCH_KEEP") != "1":
+        testbed.down()
+    return 0
+
+
+def table(out: dict) -> str:
+    mb = out["model_bytes"]
+    lines = [f"weights fan-out, {out['date']}, {out['machine']}, model {mb / 1e9:.2f} GB, mirror uplink "
+             f"{out['mirror_rate_bytes_s'] / 1e6:.0f} MB/s", "",
+             "| hosts | fan-out | origin bytes | x model | time to serving | verified |", "|---|---|---|---|---|---|"]
+    for r in out["runs"]:
+        lines.append(f"| {r['hosts']} | {'on' if r['fanout'] else 'off'} | {r['origin_bytes'] / 1e9:.2f} GB | "
+                     f"{r['origin_bytes'] / mb:.2f} | {r['time_to_serving_s']:.0f} s | {r['verified']}/{r['hosts']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
