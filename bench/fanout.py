@@ -1,6 +1,6 @@
 """Weights fan-out: bytes the origin serves and time to serving, with and without fan-out.
 
-    flock /work/testbed.lock .venv/bin/python bench/fanout.py   # BENCH_FAN_SIZES=1,4,8 BENCH_FAN_GB=1.1
+    flock /work/testbed.lock .venv/bin/python bench/fanout.py   # BENCH_FAN_SIZES=8,4,1 BENCH_FAN_GB=1.1
 
 On full test hosts of a testbed of its own (nf-fan, ports 23901+; 1x H200 profile each, own
 dockerd, sshd, systemd), converged once with the testbed's tiny model (set-up, not measured).
@@ -17,8 +17,11 @@ the mirror's uplink bounded to BENCH_FAN_RATE bytes/s (50 MB/s), once with the f
   check on the host after the copy.
 
 Before each run the model's directory is removed on every host (the tiny model's stays: the
-hosts are otherwise converged, as after a release of a new model commit). Results:
-bench/results/fanout.json and a table. BENCH_KEEP=1 keeps the testbed up afterwards.
+hosts are otherwise converged, as after a release of a new model commit). Then a no-op re-run
+of the same hosts with this checkout and with the main checkout (BENCH_MAIN_SRC, /work/main/src):
+controller CPU and each host's own CPU (its container's cgroup: sshd, its dockerd and docker CLI,
+python, the simulated GPU tools, whose share is measured apart). Results: bench/results/fanout.json
+and a table. BENCH_FAN_KEEP=1 keeps the testbed up afterwards.
 """
 from __future__ import annotations
 
@@ -164,8 +167,74 @@ def one_run(hosts: list[str], sha: str, fan: bool, rate: int) -> dict:
     return r
 
 
+def container_cpu(host: str) -> float:
+    """CPU seconds the test host's container has used (its cgroup: sshd, shells, its own dockerd
+    and docker CLI, python, the simulated GPU tools); cgroup v1 cpuacct or v2 cpu.stat."""
+    cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", testbed.container(host)], capture_output=True,
+                         text=True).stdout.strip()
+    for path, scale_ in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
+                         (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
+        try:
+            return int(open(path).read().split()[1 if path.endswith("stat") else 0]) * scale_
+        except OSError:
+            continue
+    return float("nan")
+
+
+def gpu_tools_cpu(host: str, reps: int = 10) -> float:
+    """CPU seconds of the simulated GPU tools' part of one no-op (HostFacts' GPU parts run `reps`
+    times on the host), measured apart so the per-host no-op figure can leave them out."""
+    from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
+
+    cmds = [f.command() if callable(f.command) else f.command for f in (NvidiaGpus(), NvidiaCudaVersion(),
+                                                                        ContainerToolkit())]
+    before = container_cpu(host)
+    on(host, "for i in $(seq %d); do %s; done >/dev/null 2>&1" % (reps, "; ".join(f"( {c} )" for c in cmds)))
+    return (container_cpu(host) - before) / reps
+
+
+def noop_cpu(hosts: list[str], sha: str, src: str, reps: int = 3) -> dict:
+    """A no-op re-run of `hosts` (the model of the last run given as --data) with nemofleet from
+    `src`: controller CPU and each host's own CPU (median of `reps`), changes counted."""
+    import re
+    import resource
+    import statistics
+
+    model = json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha})
+    env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts), PYTHONPATH=src)
+    runs = []
+    for _ in range(reps):
+        time.sleep(3)  # the hosts settle (their health checks run every minute)
+        cpu0 = {h: container_cpu(h) for h in hosts}
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "--data", f"model={model}", INVENTORY,
+                            "deploys/nemotron.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        per_host = [container_cpu(h) - cpu0[h] for h in hosts]
+        grand = re.search(r"Grand total\s+(\d+)\s+(\S+)", p.stdout + p.stderr)
+        runs.append({"wall_s": round(wall, 2), "controller_cpu_s": round(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, 2),
+                     "host_cpu_per_host_s": round(statistics.mean(per_host), 3), "rc": p.returncode,
+                     "changed": bool(grand and grand.group(2) != "-")})
+    med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "controller_cpu_s", "host_cpu_per_host_s")}
+    return {**med, "changed": any(r["changed"] or r["rc"] for r in runs), "runs": runs}
+
+
+def noop_ab(hosts: list[str], sha: str) -> dict:
+    """Host-side CPU per no-op, this branch against the main checkout, on the same full hosts."""
+    pyinfra(hosts, "--data", "model=" + json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}))
+    out = {"hosts": len(hosts), "gpu_tools_cpu_per_host_s": round(gpu_tools_cpu(hosts[0]), 3)}
+    for label, src in (("main", os.environ.get("BENCH_MAIN_SRC", "/work/main/src")), ("branch", str(ROOT / "src"))):
+        out[label] = noop_cpu(hosts, sha, src)
+        out[label]["host_cpu_without_gpu_tools_s"] = round(out[label]["host_cpu_per_host_s"]
+                                                           - out["gpu_tools_cpu_per_host_s"], 3)
+        log(f"no-op {label}: " + json.dumps({k: v for k, v in out[label].items() if k != "runs"}))
+    return out
+
+
 def main() -> int:
-    sizes = [int(x) for x in os.environ.get("BENCH_FAN_SIZES", "1,4,8").split(",")]
+    sizes = [int(x) for x in os.environ.get("BENCH_FAN_SIZES", "8,4,1").split(",")]
     gb = float(os.environ.get("BENCH_FAN_GB", "1.1"))
     rate = int(float(os.environ.get("BENCH_FAN_RATE", "50e6")))
     os.chdir(ROOT)
@@ -179,8 +248,11 @@ def main() -> int:
             (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
             (ROOT / "bench" / "results" / "fanout.json").write_text(json.dumps(out, indent=2))
     set_rate(None)
+    if os.environ.get("BENCH_FAN_NOOP", "1") == "1":
+        out["noop"] = noop_ab(hosts, sha)
+        (ROOT / "bench" / "results" / "fanout.json").write_text(json.dumps(out, indent=2))
     print(table(out))
-    if os.environ.get("BENCH_KEEP") != "1":
+    if os.environ.get("BENCH_FAN_KEEP") != "1":
         testbed.down()
     return 0
 
@@ -193,6 +265,15 @@ def table(out: dict) -> str:
     for r in out["runs"]:
         lines.append(f"| {r['hosts']} | {'on' if r['fanout'] else 'off'} | {r['origin_bytes'] / 1e9:.2f} GB | "
                      f"{r['origin_bytes'] / mb:.2f} | {r['time_to_serving_s']:.0f} s | {r['verified']}/{r['hosts']} |")
+    n = out.get("noop")
+    if n:
+        lines += ["", f"no-op on the same {n['hosts']} full hosts (medians of 3; simulated GPU tools "
+                  f"{n['gpu_tools_cpu_per_host_s']:.3f} s per host, measured apart):", "",
+                  "| code | wall | controller CPU | host CPU per host | without GPU tools | changed |", "|---|---|---|---|---|---|"]
+        for label in ("main", "branch"):
+            r = n[label]
+            lines.append(f"| {label} | {r['wall_s']:.2f} s | {r['controller_cpu_s']:.2f} s | {r['host_cpu_per_host_s']:.3f} s | "
+                         f"{r['host_cpu_without_gpu_tools_s']:.3f} s | {r['changed']} |")
     return "\n".join(lines)
 
 
