@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -91,20 +90,19 @@ def on(host: str, cmd: str) -> subprocess.CompletedProcess:
 
 
 def big_model(gb: float) -> tuple[str, int]:
-    """A generated model of `gb` GB: 4 valid safetensors shards of random bytes (fast to make,
+    """A generated model of `gb` GB: 4 valid safetensors shards of random bytes (os.urandom: fast to make,
     incompressible, so rsync and HTTP move every byte), published as a commit of the testbed's repo."""
     state = testbed.read_state()
     want = int(gb * 1e9)
     if state.get("fan_model", {}).get("bytes") == want:
         return state["fan_model"]["sha"], state["fan_model"]["weight_bytes"]
     t0 = time.time()
-    rng = random.Random(28)
     files, weight_map, total, shards = {}, {}, 0, 4
     for i in range(1, shards + 1):
         n = want // shards // 2 * 2
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
         tname = f"backbone.layers.{i - 1}.mixer.weight"
-        files[name] = tinymodel.safetensors_bytes({tname: ([n // 2], rng.randbytes(n))})
+        files[name] = tinymodel.safetensors_bytes({tname: ([n // 2], os.urandom(n))})
         weight_map[tname] = name
         total += n
     files["model.safetensors.index.json"] = json.dumps({"metadata": {"total_size": total},
