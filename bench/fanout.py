@@ -18,7 +18,7 @@ the mirror's uplink bounded to BENCH_FAN_RATE bytes/s (50 MB/s), once with the f
 
 Before each run the model's directory is removed on every host (the tiny model's stays: the
 hosts are otherwise converged, as after a release of a new model commit). Then a no-op re-run
-of the same hosts with this checkout and with the main checkout (BENCH_MAIN_SRC, /work/main/src):
+of the same hosts with this checkout and with the main checkout (BENCH_MAIN_ROOT, /work/main):
 controller CPU and each host's own CPU (its container's cgroup: sshd, its dockerd and docker CLI,
 python, the simulated GPU tools, whose share is measured apart). Results: bench/results/fanout.json
 and a table. BENCH_FAN_KEEP=1 keeps the testbed up afterwards.
@@ -191,15 +191,16 @@ def gpu_tools_cpu(host: str, reps: int = 10) -> float:
     return (container_cpu(host) - before) / reps
 
 
-def noop_cpu(hosts: list[str], sha: str, src: str, reps: int = 3) -> dict:
-    """A no-op re-run of `hosts` (the model of the last run given as --data) with nemofleet from
-    `src`: controller CPU and each host's own CPU (median of `reps`), changes counted."""
+def noop_cpu(hosts: list[str], sha: str, root: str, reps: int = 3) -> dict:
+    """A no-op re-run of `hosts` (the model of the last run given as --data) with the checkout at
+    `root` (its sources, deploy, inventory and group data): controller CPU and each host's own
+    CPU (median of `reps`), changes counted."""
     import re
     import resource
     import statistics
 
     model = json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha})
-    env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts), PYTHONPATH=src)
+    env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts), PYTHONPATH=f"{root}/src")
     runs = []
     for _ in range(reps):
         time.sleep(3)  # the hosts settle (their health checks run every minute)
@@ -207,7 +208,7 @@ def noop_cpu(hosts: list[str], sha: str, src: str, reps: int = 3) -> dict:
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.monotonic()
         p = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "--data", f"model={model}", INVENTORY,
-                            "deploys/nemotron.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+                            "deploys/nemotron.py"], cwd=root, env=env, capture_output=True, text=True)
         wall = time.monotonic() - t0
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         per_host = [container_cpu(h) - cpu0[h] for h in hosts]
@@ -223,8 +224,8 @@ def noop_ab(hosts: list[str], sha: str) -> dict:
     """Host-side CPU per no-op, this branch against the main checkout, on the same full hosts."""
     pyinfra(hosts, "--data", "model=" + json.dumps({"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}))
     out = {"hosts": len(hosts), "gpu_tools_cpu_per_host_s": round(gpu_tools_cpu(hosts[0]), 3)}
-    for label, src in (("main", os.environ.get("BENCH_MAIN_SRC", "/work/main/src")), ("branch", str(ROOT / "src"))):
-        out[label] = noop_cpu(hosts, sha, src)
+    for label, root in (("main", os.environ.get("BENCH_MAIN_ROOT", "/work/main")), ("branch", str(ROOT))):
+        out[label] = noop_cpu(hosts, sha, root)
         out[label]["host_cpu_without_gpu_tools_s"] = round(out[label]["host_cpu_per_host_s"]
                                                            - out["gpu_tools_cpu_per_host_s"], 3)
         log(f"no-op {label}: " + json.dumps({k: v for k, v in out[label].items() if k != "runs"}))
