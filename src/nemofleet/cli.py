@@ -84,11 +84,18 @@ def cmd_plan(a) -> int:
             rc = 1
             continue
         members = data.get("serving_group_members") if data.get("serving_group") else None
-        peers = {m: facts.get(m) or {"absent": "has no facts (unreachable, or not in the facts file)"}
-                 for m in members if m != name} if isinstance(members, list) else None
-        peer_data = {m: datas[m] for m in members if m in datas and m != name} if isinstance(members, list) else None
-        d = decide(inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
-                               operator=driver.operator(), peers=peers, peer_data=peer_data))
+        if not (isinstance(members, list) and all(isinstance(m, str) for m in members)):
+            members = None  # the settings refuse it in one sentence
+        peers = {m: _peer_facts(m, facts.get(m), a.facts) for m in members if m != name} if members else None
+        peer_data = {m: datas[m] for m in members if m in datas and m != name} if members else None
+        try:
+            d = decide(inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
+                                   operator=driver.operator(), peers=peers, peer_data=peer_data))
+        except Exception as exc:  # a shape no parser caught: this host only, never the fleet
+            result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "
+                                        "its facts or host data hold a value of an unexpected type"], "warnings": []}
+            rc = 1
+            continue
         if d.refusals:
             rc = 1
         result[name] = {"refused": d.refusals, "warnings": d.warnings,
@@ -123,9 +130,23 @@ def _plan_fanout(datas: dict, facts: dict):
     from .models import host_dir_name
 
     wants = {h: fanout.wanted(d, inputs.read_secrets(d)) for h, d in datas.items() if isinstance(facts.get(h), dict)}
-    holders = {h: {k} for h, k in wants.items()
-               if k and ((facts[h].get("models") or {}).get(host_dir_name(*k)) or {}).get("complete")}
+    holders = {}
+    for h, k in wants.items():
+        models = facts[h].get("models")
+        meta = models.get(host_dir_name(*k)) if k and isinstance(models, dict) else None
+        if isinstance(meta, dict) and meta.get("complete") is True:
+            holders[h] = {k}
     return fanout.decide([list(wants)], wants, holders)
+
+
+def _peer_facts(member: str, facts, from_file: bool):
+    """A serving group member's facts, or {"absent": sentence} when there are none to plan with."""
+    from .facts.host import facts_file_problem
+
+    if not facts:
+        return {"absent": "has no facts (unreachable, or not in the facts file)"}
+    why = facts_file_problem(member, facts) if from_file else None
+    return {"absent": f"has facts nemofleet cannot read ({why})"} if why else facts
 
 
 def _fleet(fn, what: str, *args, **kw):
@@ -199,8 +220,29 @@ def _data(pairs: list[str]) -> dict:
         k, sep, v = pair.partition("=")
         if not sep:
             sys.exit(f"--data {pair!r} must be KEY=VALUE")
+        from . import settings
+
+        if k in settings.BY_NAME and settings.BY_NAME[k].secret:
+            sys.exit(f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
+                     f"set {k}_file in group data instead" if k + "_file" in settings.BY_NAME else
+                     f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
+                     "set it in group data instead")
         out[k] = v
     return out
+
+
+def _seconds(text: str) -> float:
+    """--wait: a finite number of seconds from 1 to 86400 (NaN compares false with every bound,
+    and a wait of inf never ends)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number of seconds from 1 to 86400")
+    return value
 
 
 def _ttl(a) -> int:
@@ -317,7 +359,7 @@ def main(argv=None) -> int:
     r.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")
     r.add_argument("--canary", type=int, default=0, help="hosts in a first, separate batch")
     r.add_argument("--max-failures", type=int, default=0, help="failure budget before halting (default 0)")
-    r.add_argument("--wait", type=float, default=1200, help="startup window per host in seconds (default 1200)")
+    r.add_argument("--wait", type=_seconds, default=1200, help="startup window per host in seconds (default 1200)")
     r.add_argument("--limit", action="append", default=[])
     r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
     r.add_argument("--message", default="")
@@ -326,7 +368,7 @@ def main(argv=None) -> int:
     rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
     rb.add_argument("inventory")
     rb.add_argument("--limit", action="append", default=[])
-    rb.add_argument("--wait", type=float, default=1200)
+    rb.add_argument("--wait", type=_seconds, default=1200)
     rb.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rb.set_defaults(fn=cmd_rollback)
     lk = sub.add_parser("lock", help="the deploy lock on each host")
@@ -344,7 +386,7 @@ def main(argv=None) -> int:
     rd.add_argument("--expect-host-key", metavar="SHA256:...",
                     help="the fingerprint the new host key must have (read on the host's console)")
     rd.add_argument("--yes", action="store_true", help="trust a new host key without an expected fingerprint")
-    rd.add_argument("--wait", type=float, default=1200)
+    rd.add_argument("--wait", type=_seconds, default=1200)
     rd.add_argument("--data", action="append", default=[])
     rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rd.set_defaults(fn=cmd_rebuild)

@@ -174,7 +174,7 @@ def _configure_host(want: Desired, op=OPS) -> set:
         op.systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
                            _if=lambda: paths.DOCKER_PROXY in host_changed)
         op.server.shell(name="Create the /dev/char links now",
-                        commands=["nvidia-ctk system create-dev-char-symlinks --create-all"],
+                        commands=["timeout 120 nvidia-ctk system create-dev-char-symlinks --create-all"],
                         _if=lambda: paths.DEV_CHAR_RULE in host_changed)
     op.files.managed(name="Secrets (0600, root only)", files=want.secret_files, secret=True, dirs=want.secret_dirs)
     if want.authorized_key:
@@ -283,7 +283,7 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
                                _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
     started = op.units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
     op.server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
-                    commands=["systemctl reload haproxy"],
+                    commands=["timeout 120 systemctl reload haproxy"],
                     _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN,
                                                                                    paths.DRAIN_SCRIPT}))
 

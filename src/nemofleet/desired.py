@@ -10,10 +10,11 @@ pyinfra operations.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from . import models as catalog
-from . import paths, render, versions
+from . import paths, render, shell, versions
 from . import preflight as checks
 from . import settings as settings_mod
 from .fleet import commands as fleet_commands
@@ -153,8 +154,8 @@ def cdi_command(p: Plan, facts: dict) -> str | None:
         return None
     if versions.parse(tk.get("version")) >= (1, 18):
         # CTK >= 1.18 keeps /var/run/cdi/nvidia.yaml current on driver/toolkit changes and at boot
-        return "systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
-    return "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+        return "timeout 120 systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
+    return "timeout 120 nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
 
 
 # ---------------------------------------------------------------------------- files
@@ -199,7 +200,9 @@ def link_source(directory: str, revision: str, on_disk: dict) -> tuple[str, str]
     if name in on_disk:
         return None
     repo = catalog.repo_of_dir(name)
-    same = [(n, m) for n, m in sorted(on_disk.items()) if catalog.repo_of_dir(n) == repo and (m or {}).get("complete")]
+    # names read from disk: only our own `<repo>` or `<repo>@<12 hex>` directories are link sources
+    ours = set(shell.own_names(on_disk, rf"{re.escape(repo)}(?:@[0-9a-f]{{12}})?"))
+    same = [(n, m) for n, m in sorted(on_disk.items()) if n in ours and (m or {}).get("complete")]
     # the same commit under the old name first, then the newest-named per-commit directory
     best = sorted(same, key=lambda nm: (nm[1].get("revision") != revision, "@" not in nm[0]))
     return (f"{root}/{best[0][0]}", best[0][1].get("revision") or "") if best else None
@@ -215,9 +218,11 @@ def unused_weights(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
     if s["weights_keep_revisions"] > 1 and "@" in previous:
         repo, rev = previous.rsplit("@", 1)
         keep.add(catalog.host_dir_name(repo, rev))
-    repos = {catalog.local_dir_name(d["repo"]) for d in p.downloads}
-    return [f"{root}/{n}" for n in sorted(on_disk) if catalog.repo_of_dir(n) in repos and n not in keep
-            and "@" in n]
+    # names read from disk: only those of our own shape, `<org>--<name>@<12 hex>` of a repo of this
+    # plan, are ever named in the prune's `rm -rf` (a directory called `$(...)` or `*` is not ours)
+    ours = "|".join(re.escape(catalog.local_dir_name(d["repo"])) for d in p.downloads)
+    names = shell.own_names(on_disk, rf"(?:{ours})@[0-9a-f]{{12}}") if ours else []
+    return [f"{root}/{n}" for n in sorted(names) if n not in keep]
 
 
 def seed_sources(s: settings_mod.Settings) -> dict | list | None:
@@ -254,11 +259,13 @@ def ready_command(p: Plan, timeout: int) -> str | None:
     if not api_instances(p):
         return None  # a headless worker: its group is ready when the head is (the rollout gates on it)
     addr = render.probe_address(p)
-    return (f"wait_ready() {{ end=$(( $(date +%s) + {timeout} )); "
-            f"until [ \"$(curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 http://{addr}:$2/health)\" = 200 ]; do "
-            f"if [ $(date +%s) -gt $end ]; then echo \"instance $1 not ready after {timeout}s:\" >&2; "
-            "journalctl -u nemofleet-vllm-$1 -n 20 --no-pager -o cat >&2; return 1; fi; sleep 2; done; }; "
-            + " ".join(f"wait_ready {i.name} {i.host_port};" for i in api_instances(p)))
+    # wait_ready NAME URL SECONDS: every value is an argument, quoted once by shell.join
+    fn = ("wait_ready() { end=$(( $(date +%s) + $3 )); "
+          "until [ \"$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 \"$2\")\" = 200 ]; do "
+          "if [ $(date +%s) -gt $end ]; then printf 'instance %s not ready after %ss:\\n' \"$1\" \"$3\" >&2; "
+          "timeout 30 journalctl -u \"nemofleet-vllm-$1\" -n 20 --no-pager -o cat >&2; return 1; fi; sleep 2; done; }; ")
+    return fn + " ".join(shell.join(["wait_ready", i.name, f"http://{addr}:{int(i.host_port)}/health", int(timeout)]) + ";"
+                         for i in api_instances(p))
 
 
 def keep_previous_command() -> str:
@@ -483,8 +490,8 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
     # a serving group's one instance cannot be drained to others, and must restart with the rest of
     # its group in the same step (units.running on every member): no drain restart for it
     d.drain_restarts = [] if p.instances[0].group else [(paths.unit_path(i.name), i.unit,
-                         f"systemctl is-active -q {i.unit} || exit 0; "
-                         f"flock -w 900 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart {i.name}")
+                         shell.join(["systemctl", "is-active", "-q", i.unit]) + " || exit 0; "
+                         + shell.join(["flock", "-w", 900, paths.HEALTH_LOCK, paths.DRAIN_SCRIPT, "restart", i.name]))
                         for i in p.instances]
     where = s["front_door_address"] or bridge
     if s["frontends"] and not where:

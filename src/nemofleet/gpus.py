@@ -15,8 +15,8 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class Arch:
-    name: str  # ampere, ada, hopper, blackwell
-    sm: int  # 80, 89, 90, 100
+    name: str  # ampere, ada, hopper, blackwell, sm12x
+    sm: int  # 80, 89, 90, 100, 120
     # NVFP4 runs natively (FP4 tensor cores) only from sm100; below that vLLM runs it
     # weight-only (W4A16: Marlin/Humming dequantise to BF16). docs/recipes.md#nvfp4-below-blackwell
     native_fp4: bool
@@ -33,6 +33,11 @@ ARCHS: dict[str, Arch] = {
     # docs/recipes.md#lightning-h100: 256 sequences / 32768 batched tokens on 1x H100
     "hopper": Arch("hopper", 90, False, 256, 32768),
     "blackwell": Arch("blackwell", 100, True, 256, 32768),
+    # Blackwell outside the sm100 datacenter family: cc 12.x (GB10/DGX Spark, RTX PRO 6000) and
+    # cc 11.0 (Jetson Thor). Native FP4, but not the sm100-only kernels (TRTLLM MoE, FlashInfer's
+    # horizontal SSU): docs/recipes.md#sm12x. 16384 batched tokens: the DGX Spark line of
+    # docs/recipes.md#lightning-h100.
+    "sm12x": Arch("sm12x", 120, True, 256, 16384),
 }
 
 
@@ -64,6 +69,9 @@ NAME_TO_CC = [
     (re.compile(r"\bL40S?\b|\bL4\b|RTX 40\d\d", re.I), "8.9"),
     (re.compile(r"\bH100\b|\bH200\b|\bH800\b|GH200", re.I), "9.0"),
     (re.compile(r"\bB200\b|\bB300\b|GB200|GB300", re.I), "10.0"),
+    (re.compile(r"\bThor\b", re.I), "11.0"),
+    (re.compile(r"\bGB10\b", re.I), "12.1"),
+    (re.compile(r"RTX PRO 6000|RTX 50\d\d", re.I), "12.0"),
 ]
 
 
@@ -84,6 +92,8 @@ def arch_for_cc(cc: str) -> Arch:
     except ValueError as exc:
         raise UnsupportedGpu(f"compute capability {cc!r} is not of the form MAJOR.MINOR") from exc
     sm = major * 10 + minor
+    if sm >= 110:
+        return ARCHS["sm12x"]
     if sm >= 100:
         return ARCHS["blackwell"]
     if sm >= 90:
@@ -107,7 +117,7 @@ def arch_of(gpu) -> Arch:
 
 def short_name(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'H100'."""
-    m = re.search(r"\b([ABHL]\d{2,3}[SG]?|GH200|GB[23]00)\b", name)
+    m = re.search(r"\b([ABHL]\d{2,3}[SG]?|GH200|GB[23]00|GB10)\b", name)
     return m.group(1) if m else name.replace("NVIDIA ", "")
 
 
@@ -157,3 +167,27 @@ def groups(gpus: list) -> list[list]:
     for g in gpus:
         out.setdefault((g.name, g.memory_mib), []).append(g)
     return sorted(out.values(), key=lambda grp: grp[0].index)
+
+
+def tp_groups(gpus: list, tp: int, count: int) -> tuple[list[list], list]:
+    """`count` TP groups of `tp` GPUs each out of `gpus` (ANY list of one GPU model: a host's
+    GPUs, those `gpus` selects, or those left after unhealthy ones are taken out), and the GPUs
+    left idle. Groups aligned on multiples of `tp` by index ({0,1}, {2,3}... for TP2) come first,
+    since those GPUs share a PCIe switch / NVLink pair on most boards; the rest are taken in index
+    order. E.g. GPUs 0,1,2,4,5,6,7 at TP2 x 3: [0,1], [4,5], [6,7], GPU 2 idle. Pure; raises
+    ValueError when count x tp exceeds the GPUs."""
+    if tp < 1 or count < 0 or count * tp > len(gpus):
+        raise ValueError(f"{count} groups of {tp} GPU(s) need more than {len(gpus)} GPUs")
+    ordered = sorted(gpus, key=lambda g: g.index)
+    blocks: dict[int, list] = {}
+    for g in ordered:
+        blocks.setdefault(g.index // tp, []).append(g)
+    full = [b for _, b in sorted(blocks.items()) if len(b) == tp]
+    chosen = full[:count]
+    used = {g.index for b in chosen for g in b}
+    rest = [g for g in ordered if g.index not in used]
+    while len(chosen) < count:
+        chosen.append(rest[:tp])
+        rest = rest[tp:]
+    chosen.sort(key=lambda b: b[0].index)
+    return chosen, rest

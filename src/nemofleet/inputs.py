@@ -200,6 +200,9 @@ def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = Non
     facts = dict(facts or {})
     groups = unique_groups(name, groups)
     refusals, warnings = group_problems(groups, facts)
+    if not isinstance(name, str) or settings_mod.vt.text_problem(name) or not name.strip():
+        # the name reaches unit comments, HAProxy configs and messages: one line, printable
+        refusals.append(f"the inventory host name {name!r} has a control character (a newline...); rename it")
     locked = lock_refusal(facts.get("lock"), lock_token, now)
     if locked:
         refusals.append(locked)

@@ -28,6 +28,9 @@ ACT_BYTES_PER_TOKEN_PER_BILLION = 16 * 1024
 RUNTIME_BYTES = int(1.5 * GIB)
 # NCCL buffers for TP/EP all-reduce and all-to-all, per GPU when TP > 1.
 NCCL_BYTES = int(0.5 * GIB)
+# On a unified-memory board (GB10, Jetson Thor) the GPU's memory is the system's: this much stays
+# for the OS, page cache and the container runtime (docs/recipes.md#unified-memory).
+UNIFIED_OS_RESERVE_BYTES = 20 * GIB
 
 _DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "nvfp4": 1, "bfloat16": 2, "float16": 2, "auto": 2}
 _MAMBA_FACTOR = {"float16": 0.5, "bfloat16": 0.5, "float32": 1.0, "auto": 1.0, None: 1.0}
@@ -41,6 +44,9 @@ class Memory:
     reserve: int  # activations + runtime (CUDA context, graphs, NCCL)
     draft: int
     available: int  # util x GPU memory, per GPU
+    # the share of the weights the model's card reserves for activations (0: none); when it is
+    # larger than the memory model's own activations and runtime, `reserve` is that share
+    reserve_fraction: float = 0.0
 
     @property
     def need(self) -> int:
@@ -65,11 +71,16 @@ class Memory:
         return f"{self.need / GIB:.1f}/{self.available / GIB:.1f} GiB per GPU"
 
     def terms(self) -> str:
-        parts = [f"weights {gib(self.weights)}", f"activations and runtime {gib(self.reserve)}",
+        floor = f" (the card's {self.reserve_fraction:.0%} of the weights)" if self.reserve_from_card else ""
+        parts = [f"weights {gib(self.weights)}", f"activations and runtime {gib(self.reserve)}{floor}",
                  f"KV for one full-context sequence {gib(self.kv)}", f"Mamba state {gib(self.mamba)}"]
         if self.draft:
             parts.append(f"draft {gib(self.draft)}")
         return ", ".join(parts)
+
+    @property
+    def reserve_from_card(self) -> bool:
+        return bool(self.reserve_fraction) and self.reserve == card_reserve(self.weights, self.reserve_fraction)
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "activations": self.reserve, "kv_one_sequence": self.kv,
@@ -79,6 +90,16 @@ class Memory:
 
 def gib(b: int) -> str:
     return f"{b / GIB:.1f} GiB"
+
+
+def seqs_phrase(n: int, max_model_len: int) -> str:
+    """'1 full 131072-token sequence' / '5 full 131072-token sequences'."""
+    return f"{n} full {max_model_len}-token sequence{'' if n == 1 else 's'}"
+
+
+def card_reserve(weights_per_gpu: int, fraction: float) -> int:
+    """A model card's activation reserve on one GPU: `fraction` of the weights it holds."""
+    return int(weights_per_gpu * fraction)
 
 
 def kv_dtype_bytes(model, kv_cache_dtype: str | None) -> int:
@@ -104,13 +125,19 @@ def estimate(model, *, tp: int, gpu_bytes: int, util: float, max_model_len: int,
     kv = model.kv_bytes_per_token(kv_dtype_bytes(model, kv_cache_dtype)) * max_model_len // kv_shards // pp
     mamba_per_seq = int(model.mamba_state_bytes_fp32 * _MAMBA_FACTOR.get(mamba_dtype, 1.0))
     act = int(ACT_BYTES_PER_TOKEN_PER_BILLION * max_num_batched_tokens * active_params(model) / 1e9)
+    weights = model.weight_bytes // (tp * pp)
+    # where the model's card states a reserve (Super VL: 15-25 % of the weights), the term is
+    # at least its low end (docs/recipes.md#memory-model)
+    fraction = getattr(model, "reserve_fraction", 0.0) or 0.0
+    own = act + RUNTIME_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
     return Memory(
-        weights=model.weight_bytes // (tp * pp),
+        weights=weights,
         kv=kv,
         mamba=mamba_per_seq * max_num_seqs // (tp * pp),  # Mamba heads shard across the TP group
-        reserve=act + RUNTIME_BYTES + (NCCL_BYTES if tp * pp > 1 else 0),
+        reserve=max(own, card_reserve(weights, fraction)),
         draft=(model.draft_bytes // tp) if draft else 0,
         available=int(util * gpu_bytes),
+        reserve_fraction=fraction,
     )
 
 

@@ -17,6 +17,8 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
+from . import valuetypes as vt
+
 GB = 10**9
 
 
@@ -61,13 +63,21 @@ class Model:
     speculative: tuple[str, ...] = ()
     drafts: dict[str, Draft] = field(default_factory=dict)
     default_spec_tokens: int = 3
-    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell")
+    archs: tuple[str, ...] = ("ampere", "ada", "hopper", "blackwell", "sm12x")
     multimodal_limits: dict[str, int] | None = None
     min_total_bytes: int = 0  # optional floor for the whole deployment (generic models)
     trust_remote_code: bool = True
     default_context: int = 131072  # docs/recipes.md#lightning-a100: 131072 is stable on 80 GB
     default_speculative: str | None = None  # docs/recipes.md#lightning-a100: max throughput, no speculation
     draft_bytes: int = 2 * 10**9  # DFlash/DSpark draft checkpoints, order of magnitude
+    # The card's reserve for activations, logits and communication buffers, as a fraction of the
+    # weights on a GPU: the memory model's activations-and-runtime term is at least this much
+    # (0: the memory model's own term, which plans the published recipes that run tighter).
+    # docs/recipes.md#memory-model
+    reserve_fraction: float = 0.0
+    # The card's "safe line": total GPU memory of one instance below which the plan warns with
+    # its figures (0: none stated). docs/recipes.md#super-vl
+    safe_line_bytes: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -130,6 +140,8 @@ _SUPER_VL = dict(
     multimodal_limits={"image": 8, "video": 2},
     default_context=262144,  # docs/recipes.md#super-vl
     default_speculative="mtp",  # docs/recipes.md#super-vl: built-in MTP head, 1 token
+    reserve_fraction=0.15,  # docs/recipes.md#super-vl: "reserve 15%-25%" of the weights, the low end
+    safe_line_bytes=400 * GB,  # docs/recipes.md#super-vl: "400 GB of total GPU memory is the safe line"
 )
 
 CATALOG: dict[str, Model] = {
@@ -179,7 +191,9 @@ CATALOG: dict[str, Model] = {
 }
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+SPEC_METHODS = ("mtp", "dflash", "dspark")
+ARCHS = ("ampere", "ada", "hopper", "blackwell", "sm12x")
 
 
 class UnknownModel(ValueError):
@@ -187,7 +201,173 @@ class UnknownModel(ValueError):
 
 
 def is_commit(revision: str) -> bool:
-    return bool(_HEX40.match(revision))
+    return isinstance(revision, str) and bool(_HEX40.match(revision))
+
+
+# ---------------------------------------------------------------------------- field types
+# Every field of Model a `model:` mapping may set, with its type: a function value -> (typed
+# value) that raises UnknownModel with the end of one sentence. resolve() parses each given field
+# through it once; nothing after resolve() sees an untyped value. A test keeps this table equal to
+# the fields of Model.
+
+
+def _bad(why: str):
+    raise UnknownModel(why)
+
+
+def _int(minimum: int, maximum: int = vt.INT_MAX):
+    def parse(v):
+        why = vt.int_problem(v, minimum, maximum)
+        return v if why is None else _bad(why)
+    return parse
+
+
+def _number(minimum: float, maximum: float):
+    def parse(v):
+        why = vt.number_problem(v, minimum, maximum)
+        return v if why is None else _bad(why)
+    return parse
+
+
+def _text(pattern: str, what: str, optional: bool = False):
+    def parse(v):
+        if v is None and optional:
+            return None
+        if not isinstance(v, str) or not re.fullmatch(pattern, v):
+            _bad(f"{v!r} is not {what}")
+        return v
+    return parse
+
+
+def _choice(choices: tuple, optional: bool = False):
+    def parse(v):
+        if v is None and optional:
+            return None
+        if v not in choices or not isinstance(v, str):
+            _bad(f"{v!r} is not one of {', '.join(choices)}")
+        return v
+    return parse
+
+
+def _bool(v):
+    return v if isinstance(v, bool) else _bad(f"must be true or false, not {v!r}")
+
+
+def _repo(v):
+    why = vt.repo_problem(v)
+    return v if why is None else _bad(why)
+
+
+def _revision(v):
+    why = vt.revision_problem(v)
+    return v if why is None else _bad(why)
+
+
+def _plugin(v):
+    if v is None:
+        return None
+    if vt.file_name_problem(v) or not v.endswith(".py"):
+        _bad(f"{v!r} is not the name of a .py file in the model directory")
+    return v
+
+
+def _tuple_of(choices: tuple, nonempty: bool = False):
+    def parse(v):
+        if not isinstance(v, (list, tuple)) or any(x not in choices or not isinstance(x, str) for x in v):
+            _bad(f"{v!r} must be a list of {', '.join(choices)}")
+        if nonempty and not v:
+            _bad(f"must name at least one of {', '.join(choices)}")
+        if len(set(v)) != len(v):
+            _bad(f"{v!r} names an entry twice")
+        return tuple(v)
+    return parse
+
+
+def _drafts(v):
+    if not isinstance(v, dict):
+        _bad(f"must be a mapping {{method: {{repo, revision}}}}, not {v!r}")
+    out = {}
+    for method, d in v.items():
+        if method not in SPEC_METHODS or not isinstance(method, str):
+            _bad(f"method {method!r} is not one of {', '.join(SPEC_METHODS)}")
+        if isinstance(d, Draft):
+            d = {"repo": d.repo, "revision": d.revision}
+        if not isinstance(d, dict) or set(d) - {"repo", "revision"} or "repo" not in d:
+            _bad(f"{method} must be a mapping {{repo, revision}}, not {d!r}")
+        try:
+            out[method] = Draft(_repo(d["repo"]), _revision(d.get("revision", "main")))
+        except UnknownModel as exc:
+            _bad(f"{method}: {exc}")
+    return out
+
+
+def _limits(v):
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not all(isinstance(k, str) and re.fullmatch(r"[a-z][a-z_]{0,31}", k)
+                                          and vt.int_problem(n, 0, 1024) is None for k, n in v.items()):
+        _bad(f"{v!r} must map a modality (image, video, audio) to a count from 0 to 1024")
+    return dict(v)
+
+
+_NAME = r"[a-z0-9][a-z0-9_.-]{0,127}"
+FIELD_TYPES = {
+    "key": _text(_NAME, "a catalog key (lower-case letters, digits, '_', '.', '-')"),
+    "repo": _repo,
+    "revision": _revision,
+    "precision": _choice(("bf16", "nvfp4", "fp8")),
+    "weight_bytes": _int(1, 10**14),
+    "architecture": _text(r"[A-Za-z][A-Za-z0-9_]{0,127}", "an architecture class name"),
+    "served_name": _text(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", "an API model name (letters, digits, . _ / : + -)"),
+    "max_context": _int(1, 2**27),
+    "attention_layers": _int(0, 4096),
+    "kv_heads": _int(1, 4096),
+    "head_dim": _int(1, 65536),
+    "mamba_state_bytes_fp32": _int(0, 10**12),
+    "active_params": _int(0, 10**14),
+    "family": _text(r"[a-z0-9][a-z0-9-]{0,31}", "a recipe family (lightning, nano, super-vl, generic)"),
+    "variant": _text(_NAME, "a catalog key", optional=True),
+    "tp_policy": _choice(("smallest", "largest")),
+    "moe": _bool,
+    "hybrid": _bool,
+    "reasoning_parser": _text(r"[a-z0-9_]{1,64}", "a vLLM reasoning parser name", optional=True),
+    "reasoning_parser_plugin": _plugin,
+    "tool_call_parser": _text(r"[a-z0-9_]{1,64}", "a vLLM tool call parser name", optional=True),
+    "speculative": _tuple_of(SPEC_METHODS),
+    "drafts": _drafts,
+    "default_spec_tokens": _int(1, 16),
+    "archs": _tuple_of(ARCHS, nonempty=True),
+    "multimodal_limits": _limits,
+    "min_total_bytes": _int(0, 10**15),
+    "trust_remote_code": _bool,
+    "default_context": _int(1, 2**27),
+    "default_speculative": _choice(SPEC_METHODS + ("none",), optional=True),
+    "draft_bytes": _int(0, 10**14),
+    "reserve_fraction": _number(0.0, 1.0),
+    "safe_line_bytes": _int(0, 10**15),
+}
+
+
+def parse_fields(spec: dict) -> dict:
+    """{field: typed value} for the fields a `model:` mapping gives, or UnknownModel with one
+    sentence naming the first field that is not of its type."""
+    fields = {f.name for f in dataclasses.fields(Model)}
+    odd = [k for k in spec if not isinstance(k, str)]
+    if odd:
+        raise UnknownModel(f"model setting names must be strings; {odd[0]!r} is not one")
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise UnknownModel(f"model settings {', '.join(unknown)} are not known to nemofleet")
+    out = {}
+    for name, value in spec.items():
+        parse = FIELD_TYPES.get(name)
+        if parse is None:  # a field added to Model without a type here: refused, never unchecked
+            raise UnknownModel(f"model setting {name} has no declared type in nemofleet (models.FIELD_TYPES)")
+        try:
+            out[name] = parse(value)
+        except UnknownModel as exc:
+            raise UnknownModel(f"model {name} {exc}") from None
+    return out
 
 
 def resolve(spec: dict | str) -> Model:
@@ -195,6 +375,7 @@ def resolve(spec: dict | str) -> Model:
 
     A catalog key ("nemotron-3.5-lightning-nvfp4"), or a dict with `catalog:` plus overrides,
     or a generic entry for any HF model id: {"repo": "org/name", "weight_bytes": ..., ...}.
+    Every field given is parsed into its type (FIELD_TYPES) or refused in one sentence.
     """
     if isinstance(spec, str):
         spec = {"catalog": spec}
@@ -203,36 +384,29 @@ def resolve(spec: dict | str) -> Model:
     spec = dict(spec)
     key = spec.pop("catalog", None)
     if key is not None:
-        if key not in CATALOG:
+        if not isinstance(key, str) or key not in CATALOG:
             raise UnknownModel(
                 f"unknown model {key!r}; known: {', '.join(sorted(CATALOG))}, or give "
                 "{'repo': 'org/name', 'weight_bytes': N} for any Hugging Face model"
             )
         base = CATALOG[key]
+        given = parse_fields(spec)
     else:
         repo = spec.get("repo")
-        if not isinstance(repo, str) or not _REPO.match(repo):
+        if not isinstance(repo, str) or vt.repo_problem(repo):
             raise UnknownModel(f"model repo {repo!r} is not a Hugging Face id of the form org/name")
-        if not isinstance(spec.get("weight_bytes"), int):
+        if "weight_bytes" not in spec:
             raise UnknownModel(f"generic model {repo} needs weight_bytes (an integer) for the memory budget")
+        given = parse_fields(spec)
+        name = repo.split("/")[1].lower()
         base = Model(
-            key=repo.split("/")[1].lower(), repo=repo, revision="main", precision="bf16",
-            weight_bytes=spec["weight_bytes"], architecture="unknown",
-            served_name=repo.split("/")[1].lower(), max_context=spec.get("max_context", 32768),
-            attention_layers=spec.get("attention_layers", 32), kv_heads=spec.get("kv_heads", 8),
-            head_dim=spec.get("head_dim", 128), mamba_state_bytes_fp32=0, moe=False, hybrid=False,
+            key=name if re.fullmatch(_NAME, name) else "generic", repo=repo, revision="main", precision="bf16",
+            weight_bytes=given["weight_bytes"], architecture="unknown",
+            served_name=name, max_context=32768, attention_layers=32, kv_heads=8,
+            head_dim=128, mamba_state_bytes_fp32=0, moe=False, hybrid=False,
             trust_remote_code=False,
         )
-    fields = {f.name for f in dataclasses.fields(Model)}
-    unknown = sorted(set(spec) - fields)
-    if unknown:
-        raise UnknownModel(f"model settings {', '.join(unknown)} are not known to nemofleet")
-    if "drafts" in spec:
-        spec["drafts"] = {k: Draft(**v) if isinstance(v, dict) else v for k, v in spec["drafts"].items()}
-    model = dataclasses.replace(base, **spec)
-    if not isinstance(model.revision, str) or not re.match(r"^[\w./-]+$", model.revision):
-        raise UnknownModel(f"revision {model.revision!r} is not a branch, tag or commit")
-    return model
+    return dataclasses.replace(base, **given)
 
 
 def local_dir_name(repo: str) -> str:

@@ -52,6 +52,9 @@ class Gpu:
     mig: str = "Disabled"
     persistence: str = "Enabled"
     bus_id: str = ""
+    # the GPU shares the system memory (GB10, Jetson Thor: nvidia-smi prints memory.total [N/A]);
+    # memory_mib is then the MemTotal vLLM sees there (docs/recipes.md#unified-memory)
+    unified: bool = False
 
 
 @dataclass
@@ -127,7 +130,10 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     docker_exec_opts: list[str] | None = None  # daemon.json exec-opts the plan needs
     choices: list[str] = field(default_factory=list)  # why this TP / instance count, per GPU model
-    excluded_gpus: list[int] = field(default_factory=list)  # MIG-enabled or not selected
+    excluded_gpus: list[int] = field(default_factory=list)  # MIG-enabled, not selected, or idle
+    # each departure from the published recipe the plan follows: what, why, and the setting
+    # that restores the recipe's way (docs/recipes.md)
+    departures: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -141,6 +147,7 @@ class Plan:
             "served_name": self.served_name,
             "warnings": self.warnings,
             "choices": self.choices,
+            "departures": self.departures,
             "excluded_gpus": self.excluded_gpus,
             "instances": [
                 {
@@ -305,18 +312,43 @@ class _Layout:
     batched: int
     mem: Memory
     choice: str
+    ctx: _Ctx  # the host's, with gpu_memory_utilization capped on a unified-memory board
+    groups: list[list[Gpu]] = field(default_factory=list)  # the GPUs of each instance
+    idle: list[Gpu] = field(default_factory=list)  # GPUs of this model no instance uses
 
 
 def _viable(ctx: _Ctx, mem: Memory, tp: int, gpu_bytes: int) -> bool:
     return mem.fits and tp * gpu_bytes >= ctx.model.min_total_bytes
 
 
+def _unified_util(ctx: _Ctx, gpu: Gpu) -> _Ctx:
+    """On a unified-memory board vLLM sees the whole system memory as GPU memory and budgets
+    gpu_memory_utilization x that, so the OS keeps its reserve only if the fraction leaves it:
+    the setting is capped at (MemTotal - UNIFIED_OS_RESERVE) / MemTotal, rounded down to 0.01
+    (docs/recipes.md#unified-memory)."""
+    if not gpu.unified:
+        return ctx
+    total = gpu.memory_mib * MIB
+    if total <= mem_model.UNIFIED_OS_RESERVE_BYTES:
+        raise PlanError(f"GPU {gpu.index} ({gpu.name}) shares {mem_model.gib(total)} of system memory, no more than "
+                        f"the {mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} the OS keeps; nothing is left for vLLM")
+    cap = int((total - mem_model.UNIFIED_OS_RESERVE_BYTES) * 100 // total) / 100
+    if float(ctx.s["gpu_memory_utilization"]) <= cap:
+        return ctx
+    return dataclasses.replace(ctx, s=settings.Settings({**ctx.s, "gpu_memory_utilization": cap}))
+
+
 def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
-    """TP and instance count for one GPU model; raises _NoFit (with figures) or PlanError."""
+    """TP and instance count for one GPU model, on ANY list of its GPUs (a host's, those `gpus`
+    selects, those left once unhealthy ones are out): every TP of TP_SIZES up to the GPU count
+    is computed, and when the count is not a multiple of the chosen TP the largest subset that
+    fits is used (gpus.tp_groups) and the idle GPUs are named with the reason. Raises _NoFit
+    (with figures) or PlanError."""
     try:
         arch = gpu_table.arch_of(group[0])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
+    ctx = _unified_util(ctx, group[0])
     m, s, n = ctx.model, ctx.s, len(group)
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
@@ -325,10 +357,11 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
     batched = s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
     want = s["instances"]
     tp_req = s["tensor_parallel_size"]
-    if tp_req and (tp_req > n or n % tp_req):
+    # a TP of TP_SIZES may leave GPUs idle (3 GPUs: TP2 + one idle); any other must divide the GPUs
+    if tp_req and (tp_req > n or (n % tp_req and tp_req not in TP_SIZES)):
         raise PlanError(f"tensor_parallel_size {tp_req} does not divide {_gpus_phrase(ctx, group)}")
     # every TP this group allows is computed, so the choice can name the alternatives
-    sizes = sorted({t for t in TP_SIZES if t <= n and n % t == 0 and (want or 1) * t <= n} | ({tp_req} - {None}))
+    sizes = sorted({t for t in TP_SIZES if (want or 1) * t <= n} | ({tp_req} - {None}))
     if not sizes:
         raise PlanError(f"{want} instances of 1 GPU(s) do not fit {_gpus_phrase(ctx, group)}")
     mems = {t: _memory(ctx, _flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched) for t in sizes}
@@ -343,9 +376,27 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
     count = want or n // tp
     if count * tp > n:
         raise PlanError(f"{count} instances of {tp} GPU(s) do not fit {_gpus_phrase(ctx, group)}")
+    parts, idle = gpu_table.tp_groups(group, tp, count)
     choice = _explain(ctx, group, tp, count, mems, fitting, policy)
+    if idle:
+        choice += "; " + _idle_reason(ctx, group, idle, tp, fitting, policy)
     _validate(ctx, _flags(ctx, arch, tp, seqs, batched))
-    return _Layout(group, arch, tp, count, seqs, batched, mems[tp], choice)
+    return _Layout(group, arch, tp, count, seqs, batched, mems[tp], choice, ctx, parts, idle)
+
+
+def _idle_reason(ctx: _Ctx, group, idle: list[Gpu], tp: int, fitting: list[int], policy: str) -> str:
+    """'GPU 2 stays idle: ...': why the GPUs no instance uses are left, and what would use them."""
+    n, which = len(group), ", ".join(str(g.index) for g in idle)
+    head = f"GPU {which} stay idle" if len(idle) > 1 else f"GPU {which} stays idle"
+    if ctx.s["instances"]:
+        return f"{head}: instances is {ctx.s['instances']}"
+    why = (f"{n} GPUs are not a multiple of TP{tp}, TP takes 1, 2, 4 or 8 GPUs and the instances on one GPU "
+           "model share one TP")
+    whole = [t for t in fitting if n % t == 0]
+    if whole:
+        t = whole[-1] if policy == "largest" else whole[0]
+        return f"{head}: {why}; tensor_parallel_size: {t} uses every GPU ({n // t} x TP{t})"
+    return f"{head}: {why}, and no smaller TP fits" if tp > 1 else f"{head}: {why}"
 
 
 def _gpus_phrase(ctx: _Ctx, group: list[Gpu]) -> str:
@@ -363,7 +414,7 @@ def _explain(ctx: _Ctx, group, tp: int, count: int, mems: dict, fitting: list[in
                else f"one instance over the GPUs ({source}: largest)")
     text = (f"{len(group)}x {gpu_table.label(group[0])}: {count} x TP{tp}, {why}; each fits with "
             f"{mem.headroom / GIB:.1f} GiB headroom per GPU ({mem.summary()}) and its KV cache holds "
-            f"{mem.full_context_seqs} full {ctx.mml}-token sequences at once for max_num_seqs "
+            f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once for max_num_seqs "
             f"{ctx.s['max_num_seqs'] or gpu_table.arch_of(group[0]).default_max_num_seqs}")
     others = [f"TP{t} with tensor_parallel_size: {t} ({mems[t].headroom / GIB:.1f} GiB headroom)"
               for t in fitting if t != tp]
@@ -389,14 +440,14 @@ def _seqs_hint(ctx: _Ctx, group, tp: int) -> str:
 
 def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanError:
     m, mem = ctx.model, nofit.mem
-    util = float(ctx.s["gpu_memory_utilization"])
+    util = float(_unified_util(ctx, group[0]).s["gpu_memory_utilization"])  # as planned: capped on unified memory
     where = f"{len(group)}x {gpu_table.label(group[0])}"
     floor = (f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else "")
     if nofit.explicit:
         head = f"{m.key} with tensor_parallel_size {nofit.tp} needs {mem_model.gib(mem.need)} per GPU"
     else:
         head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
-    shapes = _shapes(ctx)
+    shapes = _shapes(ctx, group)
     fixes = _fixes(ctx, group, local_meta)
     return PlanError(
         f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
@@ -405,22 +456,32 @@ def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanErro
         + (f"on this host it fits with {' or '.join(fixes)}" if fixes else "no single setting change makes it fit this host"))
 
 
-def _shapes(ctx: _Ctx) -> list[str]:
+def _shapes(ctx: _Ctx, host_group: list[Gpu] | None = None) -> list[str]:
     """The smallest GPU count of each catalog class on which this planner plans the model with
-    these settings (host-specific ones dropped), smallest total memory first; at most four."""
+    these settings (host-specific ones dropped; the same memory model, card reserve included),
+    smallest total memory first: at most four, plus the host's own GPU class at a larger count
+    where one fits."""
     free = settings.Settings({**ctx.s, "tensor_parallel_size": None, "instances": None, "gpus": None})
     shape_ctx = dataclasses.replace(ctx, s=free)
-    found = []
-    for cls in gpu_table.GPU_CLASSES:
-        for count in TP_SIZES:
-            group = [Gpu(i, f"GPU-shape-{i}", cls.name, cls.memory_mib, cls.cc) for i in range(count)]
+
+    def smallest(name, mib, cc, unified, label, above=0):
+        for count in (c for c in TP_SIZES if c > above):
+            group = [Gpu(i, f"GPU-shape-{i}", name, mib, cc, unified=unified) for i in range(count)]
             try:
                 lay = _layout(shape_ctx, group)
             except (_NoFit, PlanError):
                 continue
-            found.append((count * cls.memory_mib, f"{count}x {cls.label} (TP{lay.tp}, max_num_seqs {lay.seqs})"))
-            break
-    return [text for _, text in sorted(found)[:4]]
+            return count * mib, f"{count}x {label} (TP{lay.tp}, max_num_seqs {lay.seqs})"
+        return None
+
+    found = [f for f in (smallest(c.name, c.memory_mib, c.cc, False, c.label) for c in gpu_table.GPU_CLASSES) if f]
+    shown = sorted(found)[:4]
+    if host_group and not host_group[0].unified:  # a unified-memory board has one GPU: no larger count
+        g = host_group[0]
+        own = smallest(g.name, g.memory_mib, g.cc, g.unified, gpu_table.label(g), above=len(host_group))
+        if own and own[1] not in {text for _, text in shown}:
+            shown = sorted(shown + [own])
+    return [text for _, text in shown]
 
 
 def _fixes(ctx: _Ctx, group: list[Gpu], local_meta) -> list[str]:
@@ -431,8 +492,11 @@ def _fixes(ctx: _Ctx, group: list[Gpu], local_meta) -> list[str]:
     tries: list[tuple[dict, str]] = []
     tries += [({"max_num_seqs": c}, f"max_num_seqs: {c}") for c in _halves(seqs, 1)]
     tries += [({"max_model_len": c}, f"max_model_len: {c}") for c in _halves(ctx.mml, 4096)]
-    if float(s["gpu_memory_utilization"]) < 0.95:
-        tries.append(({"gpu_memory_utilization": 0.95}, "gpu_memory_utilization: 0.95"))
+    # on unified memory the most vLLM may take is the cap that leaves the OS its reserve
+    top = float(_unified_util(dataclasses.replace(ctx, s=settings.Settings({**s, "gpu_memory_utilization": 0.95})),
+                              group[0]).s["gpu_memory_utilization"])
+    if float(s["gpu_memory_utilization"]) < top:
+        tries.append(({"gpu_memory_utilization": top}, f"gpu_memory_utilization: {top:.2f}"))
     if mem_model.kv_dtype_bytes(m, s["kv_cache_dtype"]) > 1:
         tries.append(({"kv_cache_dtype": "fp8"}, "kv_cache_dtype: fp8"))
     if s["tensor_parallel_size"]:
@@ -490,7 +554,73 @@ def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
     except (_NoFit, PlanError):
         return f"{text}; {m.variant} does not fit here with these settings"
     return (f"{text}; {m.variant} also fits here ({alt.count} x TP{alt.tp}, {alt.mem.summary()}, "
-            f"{alt.mem.full_context_seqs} full-context sequences) with BF16 weights: set model: {m.variant}")
+            f"{alt.mem.full_context_seqs} full-context sequence{'' if alt.mem.full_context_seqs == 1 else 's'}) "
+            f"with BF16 weights: set model: {m.variant}")
+
+
+def _safe_line_warning(lay: _Layout) -> str | None:
+    """One warning with the figures when an instance's GPUs hold less memory in all than the
+    model card's safe line (Super VL: 400 GB, docs/recipes.md#super-vl). The plan is made only
+    because it fits with the card's reserve (memory.estimate); this says what it then holds."""
+    m, mem = lay.ctx.model, lay.mem
+    total = lay.tp * lay.gpus[0].memory_mib * MIB
+    if not m.safe_line_bytes or total >= m.safe_line_bytes:
+        return None
+    reserve = (f"the card's {m.reserve_fraction:.0%} activation reserve ({mem_model.gib(mem.reserve)} per GPU)"
+               if m.reserve_fraction else f"activations and runtime of {mem_model.gib(mem.reserve)} per GPU")
+    return (f"{m.key} on {lay.tp}x {gpu_table.label(lay.gpus[0])}: {total / GIB:.1f} GiB ({total / 1e9:.0f} GB) of "
+            f"GPU memory per instance, below the {m.safe_line_bytes / GIB:.1f} GiB ({m.safe_line_bytes / 1e9:.0f} GB) "
+            f"its card calls the safe line; planned with {reserve}, each instance holds "
+            f"{mem_model.seqs_phrase(mem.full_context_seqs, lay.ctx.mml)} at once ({mem.summary()}) for "
+            f"max_num_seqs {lay.seqs}{_safe_shape(lay)}")
+
+
+def _safe_shape(lay: _Layout) -> str:
+    """'; 8x A100 80 GiB holds the safe line': the smallest TP size of this GPU class at or above it."""
+    g = lay.gpus[0]
+    count = next((c for c in TP_SIZES if c * g.memory_mib * MIB >= lay.ctx.model.safe_line_bytes), None)
+    return f"; {count}x {gpu_table.label(g)} holds the safe line" if count else ""
+
+
+def _departures(lay: _Layout) -> list[str]:
+    """Where the planned line departs from the published recipe of this model on this GPU
+    architecture: one line each, what, why, and the setting that restores the recipe's way.
+    Sources and reasons: docs/recipes.md (#lightning-h100, #super-vl, #batch-sizes, #unified-memory)."""
+    ctx, m, s, arch = lay.ctx, lay.ctx.model, lay.ctx.s, lay.arch.name
+    out = []
+    if m.family == "lightning" and arch in ("hopper", "blackwell", "sm12x") and not s["max_model_len"]:
+        out.append(f"--max-model-len {ctx.mml}: the day-one recipe leaves the context to the model "
+                   f"({m.max_context} tokens); nemofleet plans the {ctx.mml} that ran stable on one 80 GB GPU "
+                   f"(docs/recipes.md#lightning-a100); max_model_len: {m.max_context} restores the recipe's way")
+    if m.family == "lightning" and arch == "hopper" and ctx.spec:
+        out.append("--mamba-ssu-algorithm horizontal left out (the day-one H100 recipe sets it): FlashInfer runs it "
+                   "on sm90 only without speculative decoding (docs/recipes.md#lightning-h100); speculative: none "
+                   "restores it")
+    if m.family == "super-vl" and m.reasoning_parser_plugin:
+        out.append(f"--reasoning-parser-plugin {ctx.model_path}/{m.reasoning_parser_plugin} added (the article "
+                   f"passes --reasoning-parser {m.reasoning_parser} alone): vLLM {ctx.v.version} does not register "
+                   f"{m.reasoning_parser}, the parser file ships in the model repository (docs/recipes.md#super-vl); "
+                   "the article's way needs an image whose vLLM registers it")
+    batch = {"super-vl": (f"--max-num-seqs {lay.seqs} --max-num-batched-tokens {lay.batched}", "the article"),
+             "lightning": (f"--max-num-seqs {lay.seqs}", "the day-one post's DGX Spark line")}.get(m.family)
+    if batch and (m.family == "super-vl" or arch == "sm12x"):
+        out.append(f"{batch[0]} added ({batch[1]} leaves vLLM's default, up to 1024 sequences): more sequences "
+                   "than Mamba cache blocks stop vLLM (vllm#49064, docs/recipes.md#batch-sizes); max_num_seqs and "
+                   "max_num_batched_tokens set them")
+    if m.family == "lightning" and arch == "sm12x":
+        rows = [n for n, _ in recipes.flags_for(m, arch, bool(ctx.spec), lambda n: _supported(ctx.v, n))]
+        if rows:
+            out.append(f"{' '.join(rows)} added (the day-one post's DGX Spark line leaves them): its Jetson line "
+                       "sets them on Blackwell outside sm100 and the A100 README everywhere (docs/recipes.md#sm12x); "
+                       "vllm_extra_args can give each another value")
+    g = lay.gpus[0]
+    if g.unified:
+        util = float(ctx.s["gpu_memory_utilization"])
+        out.append(f"--gpu-memory-utilization {util:.2f} on {gpu_table.label(g)} of unified memory: the GPU shares the "
+                   f"system memory, and {mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} of it stays for the OS "
+                   f"(docs/recipes.md#unified-memory); gpu_memory_utilization above {util:.2f} is capped there, "
+                   "below it is taken as given")
+    return out
 
 
 # ---------------------------------------------------------------------------- plan
@@ -532,12 +662,16 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
-    return finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
+    warnings += [w for w in (_safe_line_warning(lay) for lay in layouts) if w]
+    plan = finish(host, s, ctx, gpus, _instances(ctx, layouts), [lay.choice for lay in layouts], warnings, {},
                    docker_version, cdi_available, cgroup_version, cgroup_driver)
+    for lay in layouts:
+        plan.departures += [d for d in _departures(lay) if d not in plan.departures]
+    return plan
 
 
 def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
-            cgroup_version, cgroup_driver) -> Plan:
+           cgroup_version, cgroup_driver) -> Plan:
     method, exec_opts, trap = _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver)
     warnings += trap
     mounts, downloads = _weights(ctx)
@@ -566,6 +700,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
         raise PlanError(f"instance_extra_args names {', '.join(unknown)}, which the plan does not have ({', '.join(names)})")
     out: list[Instance] = []
     for lay in layouts:
+        ctx = lay.ctx  # gpu_memory_utilization as planned for these GPUs (_unified_util)
         for k in range(lay.count):
             name = names[len(out)]
             if not _NAME.match(name):
@@ -578,7 +713,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout]) -> list[Instance]:
                 raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
                                 "drop the flag that grows its memory")
             out.append(Instance(
-                name=name, gpus=lay.gpus[k * lay.tp:(k + 1) * lay.tp], host_port=s["port_base"] + len(out),
+                name=name, gpus=lay.groups[k], host_port=s["port_base"] + len(out),
                 tp=lay.tp, ep=lay.tp > 1 and ctx.model.moe, args=[ctx.model_path] + vllm_flags.render(flags),
                 memory=mem, max_model_len=ctx.mml, max_num_seqs=lay.seqs, arch=lay.arch.name,
                 gpu_label=gpu_table.label(lay.gpus[0]),

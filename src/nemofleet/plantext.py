@@ -45,6 +45,7 @@ def lines(plan: dict) -> list[str]:
     """The plan of one host: header, choices, the instance table, flags per distinct command line."""
     out = [f"{plan['model']} ({plan['repo']}@{plan['revision'][:12]}) on {plan['image']}, GPUs via {plan['gpu_method']}"]
     out += [f"choice: {c}" for c in plan.get("choices", [])]
+    out += [f"departure: {d}" for d in plan.get("departures", [])]  # from the published recipe, one line each
     if plan.get("excluded_gpus"):
         out.append("GPUs left out: " + gpu_ranges(plan["excluded_gpus"]))
     out += table(plan["instances"])

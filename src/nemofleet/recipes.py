@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ALL_ARCHS = ("ampere", "ada", "hopper", "blackwell")
+ALL_ARCHS = ("ampere", "ada", "hopper", "blackwell", "sm12x")
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,10 @@ RECIPES: list[Row] = [
     # Horizontal SSU: sm90 only without speculative decoding, sm100 always (FlashInfer).
     Row("lightning", ("hopper",), (("--mamba-ssu-algorithm", "horizontal"),), "lightning-h100", spec=False),
     Row("lightning", ("blackwell",), (("--mamba-ssu-algorithm", "horizontal"),), "lightning-h100"),
-    # Stochastic rounding of the fp16 Mamba cache (needs --mamba-ssm-cache-dtype float16).
-    Row("lightning", ("hopper", "blackwell"), (("--enable-mamba-cache-stochastic-rounding", None),
-                                               ("--mamba-cache-philox-rounds", 5)), "lightning-h100"),
+    # Stochastic rounding of the fp16 Mamba cache (needs --mamba-ssm-cache-dtype float16); the
+    # day-one post's Jetson line sets it on Blackwell outside sm100 too (docs/recipes.md#sm12x).
+    Row("lightning", ("hopper", "blackwell", "sm12x"), (("--enable-mamba-cache-stochastic-rounding", None),
+                                                        ("--mamba-cache-philox-rounds", 5)), "lightning-h100"),
     # Nano: the vLLM recipe's flags, on every architecture (FP8 KV works from sm80).
     Row("nano", ALL_ARCHS, (("--async-scheduling", None), ("--kv-cache-dtype", "fp8"),
                             ("--mamba-ssm-cache-dtype", "float32")), "nano"),

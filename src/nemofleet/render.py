@@ -43,16 +43,36 @@ _env = jinja2.Environment(
 _env.filters["sh"] = lambda v: shlex.quote(str(v))
 # free text in unit files: no line breaks, and % would be read as a systemd specifier
 _env.filters["sysd"] = lambda v: re.sub(r"[\x00-\x1f]", " ", str(v)).replace("%", "%%")
+# HAProxy: a word of a statement (haproxy_word), and free text in a comment line (no line break)
+_env.filters["hap"] = lambda v: haproxy_word(v)
+_env.filters["comment"] = lambda v: re.sub(r"[\x00-\x1f\x7f]", " ", str(v))
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def systemd_word(word: str) -> str:
-    """Quote one ExecStart argument for systemd (quotes are removed by systemd, % and $ expand)."""
+    """Quote one ExecStart argument for systemd (quotes are removed by systemd, % and $ expand).
+    One argument is always one word on one line: a control character (a newline would start a
+    new directive) is written as systemd's C escape \\xNN inside the quotes."""
     word = str(word).replace("%", "%%").replace("$", "$$")
-    if _SAFE.match(word):
+    if _SAFE.fullmatch(word):  # fullmatch: `$` would let a trailing newline through
         return word
-    return "'" + word.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    word = word.replace("\\", "\\\\").replace("'", "\\'")
+    return "'" + _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()), word) + "'"
+
+
+_HAPROXY_WORD = re.compile(r"[A-Za-z0-9_.:\[\]-]+")
+
+
+def haproxy_word(word) -> str:
+    """One word of an HAProxy statement (a bind address:port, a server name or address:port).
+    HAProxy splits on spaces and ends a statement at a newline, so anything but letters, digits
+    and `_ . : [ ] -` is refused here (settings.py types these values; this is the last guard)."""
+    text = str(word)
+    if not _HAPROXY_WORD.fullmatch(text):
+        raise ValueError(f"{text!r} cannot be one word of an HAProxy statement")
+    return text
 
 
 def release_id(plan: Plan) -> str:
@@ -223,6 +243,10 @@ def health_conf(s) -> str:
 
 
 def health_cron(s) -> str:
+    from .valuetypes import cron_problem
+
+    if cron_problem(s["health_schedule"]):  # settings.py refuses it first; never a second cron line
+        raise ValueError(f"health_schedule {cron_problem(s['health_schedule'])}")
     return _env.get_template("nemofleet-health.cron.j2").render(schedule=s["health_schedule"])
 
 

@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import valuetypes as vt
+
 # The one definition of the default vLLM image (the tag the recipes in docs/recipes.md ran).
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
@@ -43,14 +45,9 @@ LOG_DRIVERS = ("json-file", "local", "journald", "syslog", "fluentd", "gelf", "a
 
 
 def _ip(value) -> str | None:
-    """An IPv4 or IPv6 address, as Docker's -p takes it (a name or 'a:b' is not one)."""
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
-    return None
+    """An IPv4 or IPv6 address, as Docker's -p takes it (a name or 'a:b' is not one), without an
+    IPv6 scope id (valuetypes.ip_problem)."""
+    return vt.ip_problem(value)
 
 
 def _pem_key(value) -> str | None:
@@ -98,7 +95,7 @@ def _frontends(value) -> str | None:
     for fe in value:
         if not isinstance(fe, dict) or not isinstance(fe.get("network"), str):
             return "must be a list of mappings with a network name (and alias, create)"
-        extra = sorted(set(fe) - {"name", "network", "alias", "create"})
+        extra = sorted(map(str, set(fe) - {"name", "network", "alias", "create"}))
         if extra:
             return f"entry {fe.get('network')!r} has unknown keys {', '.join(extra)} (known: name, network, alias, create)"
         for k in ("name", "network", "alias"):
@@ -107,6 +104,10 @@ def _frontends(value) -> str | None:
                         "or spaces, which would inject docker options)")
         if fe.get("create") is not None and not isinstance(fe["create"], bool):
             return f"create of {fe['network']!r} must be true or false"
+    networks = [fe["network"] for fe in value]
+    twice = sorted({n for n in networks if networks.count(n) > 1})
+    if twice:
+        return f"name the network {twice[0]!r} twice; list each frontend network once"
     return None
 
 
@@ -127,6 +128,8 @@ def _flag_map(value) -> str | None:
             return f"flag {k!r} is not a vLLM flag name"
         if isinstance(v, (dict, list)) or v is None or v is False:
             return f"flag {k} needs a value or true (got {v!r})"
+        if isinstance(v, float) and not vt.is_number(v):
+            return f"flag {k} has {v!r}, not a finite number"
         if _CONTROL.search(str(v)):
             return f"flag {k} has a control character in its value"
     return None
@@ -144,7 +147,7 @@ def _instance_flags(value) -> str | None:
 
 def _gpu_refs(value) -> str | None:
     for ref in value or []:
-        if isinstance(ref, bool) or not (isinstance(ref, int) and ref >= 0
+        if isinstance(ref, bool) or not (isinstance(ref, int) and 0 <= ref < 1024
                                          or isinstance(ref, str) and re.fullmatch(r"(GPU|MIG)-[0-9a-fA-F-]{8,64}", ref)):
             return f"entry {ref!r} is neither a GPU index nor a GPU UUID (GPU-...)"
     if value is not None and not value:
@@ -164,13 +167,17 @@ def _seed(value) -> str | None:
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
         return "must be a peer host name or {host, user, port, key, wait}"
-    extra = sorted(set(value) - {"host", "user", "port", "key", "wait"})
+    extra = sorted(map(str, set(value) - {"host", "user", "port", "key", "wait"}))
     if extra:
         return f"has unknown keys {', '.join(extra)}"
-    if value.get("user") is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", str(value["user"])):
+    if value.get("user") is not None and not (isinstance(value["user"], str)
+                                              and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value["user"])):
         return f"user {value['user']!r} is not a user name"
-    if value.get("port") is not None and not (isinstance(value["port"], int) and 0 < value["port"] < 65536):
-        return f"port {value['port']!r} is not a TCP port"
+    if value.get("port") is not None and vt.port_problem(value["port"]):
+        return f"port {vt.port_problem(value['port'])}"
+    key = value.get("key")
+    if key is not None and not (isinstance(key, str) and re.fullmatch(HOME_PATH, key)):
+        return f"key {key!r} must be the path of the private key file on the host (e.g. /root/.ssh/seed)"
     if value.get("wait") is not None and not (isinstance(value["wait"], int) and not isinstance(value["wait"], bool)
                                               and 10 <= value["wait"] <= 86400):
         return (f"wait {value['wait']!r} must be 10 to 86400 seconds (how long the peer may show no progress "
@@ -193,41 +200,28 @@ def _members(value) -> str | None:
 
 
 def _networks(value) -> str | None:
-    import ipaddress
-
     for net in value or []:
-        try:
-            ipaddress.ip_network(net, strict=False)
-        except (ValueError, TypeError):
-            return f"{net!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+        why = vt.network_problem(net)
+        if why:
+            return why
     return None
 
 
 def _gateway_backends(value) -> str | None:
     """[{host, port, name}]: each model endpoint of the fleet the gateway balances over (a GPU host's
     front door, or the instance port of a single-instance host)."""
-    import ipaddress
-
     seen_targets, seen_names = set(), set()
     for n, b in enumerate(value or [], 1):
         if not isinstance(b, dict):
             return f"entry {n} must be a mapping {{host, port, name}}, not {b!r}"
-        extra = sorted(set(b) - {"host", "port", "name"})
+        extra = sorted(map(str, set(b) - {"host", "port", "name"}))
         if extra:
             return f"entry {n} has unknown keys {', '.join(map(str, extra))} (known: host, port, name)"
         h, port, name = b.get("host"), b.get("port"), b.get("name")
-        ok = False
-        if isinstance(h, str):
-            try:
-                ipaddress.ip_address(h)
-                ok = True
-            except ValueError:
-                ok = bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                                       r"[A-Za-z0-9])?)*", h)) and len(h) <= 253
-        if not ok:
-            return f"entry {n}: host {h!r} is not an IP address or a host name"
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            return f"entry {n} ({h}): port {port!r} is not a TCP port (1-65535)"
+        if vt.host_problem(h):
+            return f"entry {n}: host {vt.host_problem(h)}"
+        if vt.port_problem(port):
+            return f"entry {n} ({h}): port {vt.port_problem(port)}"
         if name is not None and not (isinstance(name, str) and re.fullmatch(NAME, name)):
             return f"entry {n} ({h}): name {name!r} must be letters, digits, '_', '.', '-'"
         name = name or f"{h}:{port}"
@@ -241,17 +235,34 @@ def _gateway_backends(value) -> str | None:
 
 
 def _model(value) -> str | None:
-    if isinstance(value, str):
-        return None if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value) else f"{value!r} is not a catalog key"
-    for k, v in value.items():
-        if isinstance(v, str) and _CONTROL.search(v):
-            return f"{k} has a control character"
-    served = value.get("served_name")
-    if served is not None and not (isinstance(served, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:+-]{0,127}", served)):
-        return f"served_name {served!r} must be an API model name (letters, digits, . _ / : + -)"
-    rev = value.get("revision")
-    if rev is not None and not (isinstance(rev, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)*", rev)):
-        return f"revision {rev!r} is not a branch, tag or commit"
+    """Every field of a model mapping is typed by models.resolve (repo id, revision grammar,
+    drafts, parser plugin, sizes): one sentence for the first that is not."""
+    from . import models
+
+    if isinstance(value, str) and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value):
+        return f"{value!r} is not a catalog key"
+    try:
+        models.resolve(value)
+    except models.UnknownModel as exc:
+        text = str(exc)  # "model kv_heads 0 must be at least 1": the key is named by _check
+        return text[len("model "):] if text.startswith("model ") else f"is refused: {text}"
+    return None
+
+
+def _no_credentials(url, where: str) -> str | None:
+    """A URL that lands in a 0644 unit, a docker argv, daemon.json or a warning: no user:pass@."""
+    if isinstance(url, str) and "@" in url.split("://", 1)[-1].split("/", 1)[0]:
+        return (f"carries credentials (user:pass@ in {url.split('://', 1)[0]}://...@...): they would be readable in "
+                f"a 0644 file, on a command line and in docker inspect; {where}")
+    return None
+
+
+def _driver_packages(value) -> str | None:
+    """Package names in which `{branch}` is the one format field (str.format would raise on `{`
+    or `{x}`, and `{branch.upper}` reads an attribute)."""
+    for name in value or []:
+        if re.sub(r"\{branch\}", "", name).count("{") or re.sub(r"\{branch\}", "", name).count("}"):
+            return f"entry {name!r} may use {{branch}} and no other braces"
     return None
 
 
@@ -273,16 +284,17 @@ KEYS: list[Key] = [
     Key("models_root", (_S,), "/srv/nemofleet/models", "weights directory on the host", "model", pattern=ABS_PATH),
     # --- serving plan
     Key("max_model_len", (_I, _N), None, "context length (default: the model's default context)", "serving",
-        minimum=1),
+        minimum=1, maximum=2**27),
     Key("max_num_seqs", (_I, _N), None, "concurrent sequences per instance (default per GPU architecture)",
-        "serving", minimum=1),
+        "serving", minimum=1, maximum=65536),
     Key("max_num_batched_tokens", (_I, _N), None, "tokens per batch (default per GPU architecture)", "serving",
-        minimum=1),
+        minimum=1, maximum=2**27),
     Key("gpu_memory_utilization", (_F, _I), 0.90, "fraction of each GPU's memory vLLM may use", "serving",
         minimum=0.01, maximum=1.0),
     Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: chosen by tensor_parallel_policy)", "serving",
-        minimum=1),
-    Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1),
+        minimum=1, maximum=1024),
+    Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1,
+        maximum=1024),
     Key("tensor_parallel_policy", (_S,), "recipe",
         "TP when tensor_parallel_size is unset: recipe (the model's, docs/recipes.md) | smallest (most instances) "
         "| largest (one instance over the GPUs)", "serving", choices=("recipe", "smallest", "largest")),
@@ -303,9 +315,10 @@ KEYS: list[Key] = [
     Key("instance_prefix", (_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}"),
     Key("drain_seconds", (_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
         minimum=0, maximum=3600),
-    Key("start_timeout", (_I,), 1800, "systemd TimeoutStartSec of a vLLM unit", "serving", minimum=60),
+    Key("start_timeout", (_I,), 1800, "systemd TimeoutStartSec of a vLLM unit", "serving", minimum=60,
+        maximum=86400),
     Key("ready_timeout", (_I,), 1200, "seconds the deploy waits for /health after a (re)start", "serving",
-        minimum=1),
+        minimum=1, maximum=86400),
     Key("wait_ready", (_B,), True, "wait for (re)started instances to be ready", "serving"),
     # --- GPU access
     Key("gpu_selection", (_S,), "auto", "auto (CDI when usable) | cdi | gpus", "gpu", choices=("auto", "cdi", "gpus")),
@@ -322,7 +335,8 @@ KEYS: list[Key] = [
     Key("hf_token_file", (_S, _N), "~/.config/nemofleet/hf-token", "file on the controller holding the HF token",
         "secrets", pattern=HOME_PATH),
     Key("hf_endpoint", (_S, _N), None, "Hugging Face mirror URL (HF_ENDPOINT); none: huggingface.co", "weights",
-        pattern=SAFE_URL),
+        pattern=SAFE_URL, check=lambda v: _no_credentials(v, "give the mirror a token in hf_token_file instead "
+                                                             "(sent as a Bearer header from a 0600 file)")),
     Key("weights_verify", (_S,), "marker", "marker (header check once, then the marker) | full (every run)",
         "weights", choices=("marker", "full")),
     Key("weights_keep_revisions", (_I,), 2,
@@ -336,7 +350,7 @@ KEYS: list[Key] = [
         "weights copy (none: the inventory name)", "weights", pattern=HOSTNAME),
     Key("weights_peer_bwlimit", (_S, _I, _N), None, "rsync --bwlimit of a weights copy from a peer (KiB/s, or "
         "with a K/M/G suffix, e.g. 200M), so a serving source is not starved; none: unbounded", "weights",
-        pattern=r"[1-9][0-9]{0,8}[KMG]?"),
+        pattern=r"[1-9][0-9]{0,8}[KMG]?", minimum=1, maximum=999_999_999),
     Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
         "weights", secret=True, multiline=True, check=_pem_key),
     Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
@@ -347,7 +361,8 @@ KEYS: list[Key] = [
     Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
         pattern=r"[a-z0-9][a-z0-9_.-]*"),
     Key("docker_registry_mirrors", (_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
-        pattern=SAFE_URL),
+        pattern=SAFE_URL, check=lambda v: next(filter(None, (_no_credentials(u, "log dockerd in with `docker login` "
+                                                                                "instead") for u in v or [])), None)),
     Key("docker_insecure_registries", (_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
         "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
     Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
@@ -408,13 +423,14 @@ KEYS: list[Key] = [
     Key("gateway_rise", (_I,), 2, "passed /health checks before an ejected backend takes requests again",
         "gateway", minimum=1, maximum=100),
     # --- health
-    Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON),
+    Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON,
+        check=vt.cron_problem),
     Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),
     Key("health_fail_restart", (_I,), 0, "restart an instance after N consecutive failures (0: off)", "health",
         minimum=0, maximum=100),
     Key("health_restart_grace", (_I,), 1200,
         "no self-heal restart of an instance not yet healthy since its start, for N s (it is loading)",
-        "health", minimum=0),
+        "health", minimum=0, maximum=86400),
     Key("health_restarts_per_hour", (_I,), 3, "cap on self-heal restarts per instance per hour", "health",
         minimum=0, maximum=60),
     Key("health_webhook_url", (_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
@@ -436,9 +452,10 @@ KEYS: list[Key] = [
         "bootstrap", pattern=HOME_PATH),
     Key("install_nvidia_driver", (_B,), False, "install the NVIDIA driver branch (pinned, held, reboot)",
         "bootstrap"),
-    Key("nvidia_driver_branch", (_S, _I, _N), None, "driver branch, e.g. 580", "bootstrap", pattern=r"[0-9]{3}"),
+    Key("nvidia_driver_branch", (_S, _I, _N), None, "driver branch, e.g. 580", "bootstrap", pattern=r"[0-9]{3}",
+        minimum=100, maximum=999),
     Key("nvidia_driver_packages", (_L, _N), None, "driver packages ({branch} expands)", "bootstrap",
-        pattern=r"[a-z0-9][a-z0-9.+{}-]*"),
+        pattern=r"[a-z0-9][a-z0-9.+{}-]*", check=_driver_packages),
     Key("nvidia_driver_repo", (_S, _N), None, "flat apt repository of the driver (none: the host's sources)",
         "bootstrap", pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
     Key("nvidia_driver_key_file", (_S, _N), None, "its signing key (file on the controller)", "bootstrap",
@@ -499,11 +516,17 @@ def _check(key: Key, value) -> str | None:
     if key.choices is not None and value not in key.choices:
         shown = [str(c) for c in key.choices if c]
         return f"{key.name} {value!r} is unknown; use {', '.join(shown[:-1])} or {shown[-1]}"
+    if isinstance(value, float) and not vt.is_number(value):
+        return f"{key.name} {value!r} is not a finite number"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if key.minimum is not None and value < key.minimum:
             return f"{key.name} {value!r} must be at least {key.minimum:g}"
         if key.maximum is not None and value > key.maximum:
             return f"{key.name} {value!r} must be at most {key.maximum:g}"
+        if value > vt.INT_MAX:
+            return f"{key.name} {value!r} must be at most {vt.INT_MAX}"
+    if isinstance(value, list) and key.pattern and not all(isinstance(i, str) for i in value):
+        return f"{key.name} must be a list of strings ({key.doc}), not {value!r}"
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
     for item in items:
         text = str(item)
@@ -537,6 +560,11 @@ def parse(data: dict) -> Settings:
     """Host data -> Settings (defaults filled in). Raises SettingsError with one sentence per bad key."""
     problems = []
     out = Settings()
+    if not isinstance(data, dict):
+        raise SettingsError([f"host data must be a mapping of setting names to values, not {type(data).__name__}"])
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise SettingsError([f"setting names must be strings; {odd[0]!r} ({type(odd[0]).__name__}) is not one"])
     for name in sorted(data):
         if name not in BY_NAME and not is_foreign(name):
             problems.append(unknown_key_sentence(name))

@@ -188,8 +188,25 @@ def normalise(name: str) -> str:
 
 
 def check_arg(v: VllmVersion, name: str, value) -> str | None:
-    """Return an error sentence if `name value` is not valid for version v."""
+    """Return an error sentence if `name value` is not valid for version v.
+
+    A dotted name sets one key of a config argument (`--compilation-config.cudagraph_capture_sizes
+    '[1,2,4]'`): vLLM's FlexibleArgumentParser accepts it for every argument that takes a JSON
+    config, and reads the value as JSON when it parses, else as a string
+    (docs/recipes.md#extra-args)."""
     name = normalise(name)
+    base, dot, key = name.partition(".")
+    if dot:
+        flag = v.flags.get(base)
+        if flag is None:
+            return f"vLLM {v.version} has no flag {base} (in {name})"
+        if flag.kind != "json":
+            return f"{name} sets a key of {base}, which is not a config argument in vLLM {v.version}; give {base} a value"
+        if not key or not all(key.split(".")):
+            return f"{name} names no key of {base}"
+        if value is None:
+            return f"{name} needs a value"
+        return None
     flag = v.flags.get(name)
     if flag is None:
         return f"vLLM {v.version} has no flag {name}"
@@ -235,12 +252,59 @@ def render(args: list[tuple[str, object]]) -> list[str]:
     return out
 
 
+def fold_dotted(argv: list[str]) -> list[str]:
+    """`--a-b.c.d V` words folded into `--a-b '{"c": {"d": V}}'`, as vLLM's FlexibleArgumentParser
+    does (V is read as JSON when it parses, else kept as a string); `_` counts as `-` in the flag
+    part. Keys of one config argument merge; other words pass through in order."""
+    out: list[str] = []
+    configs: dict[str, tuple[int, dict]] = {}  # base flag -> (position of its value word, keys)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        head, dot, path = word.partition(".")
+        if word.startswith("--") and dot and "=" not in head:
+            path, eq, inline = path.partition("=")
+            if eq:
+                raw, i = inline, i + 1
+            elif i + 1 < len(argv):
+                raw, i = argv[i + 1], i + 2
+            else:
+                out.append(word)
+                break
+            try:
+                val = json.loads(raw)
+            except ValueError:
+                val = raw
+            base = normalise(head)
+            if base not in configs:
+                out += [base, ""]  # the value word is filled in below
+                configs[base] = (len(out) - 1, {})
+            node = configs[base][1]
+            keys = path.split(".")
+            for k in keys[:-1]:
+                node = node.setdefault(k, {})
+            node[keys[-1]] = val
+            continue
+        out.append(word)
+        i += 1
+    for pos, cfg in configs.values():
+        out[pos] = json.dumps(cfg, separators=(",", ":"))
+    return out
+
+
 def build_argparser(version: str):
-    """An argparse parser that accepts exactly the table's flags (used by the stand-in)."""
+    """An argparse parser that accepts exactly the table's flags (used by the stand-in), and the
+    dotted keys of its JSON config flags (fold_dotted)."""
     import argparse
 
+    class _Parser(argparse.ArgumentParser):
+        def parse_known_args(self, args=None, namespace=None):
+            import sys
+
+            return super().parse_known_args(fold_dotted(list(sys.argv[1:] if args is None else args)), namespace)
+
     v = get(version)
-    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+    p = _Parser(prog="vllm serve", allow_abbrev=False)
     p.add_argument("model_tag", nargs="?")
     for flag in v.flags.values():
         dest = flag.name.lstrip("-").replace("-", "_")

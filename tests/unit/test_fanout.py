@@ -108,7 +108,7 @@ def test_settings_and_the_seed_list_reach_rsync_with_the_bound():
     assert len(lines) == 6 and "root@a:m@c/" in lines[1] and "root@b:m@c/" in lines[4]
     assert "--bwlimit=200M" in lines[1] and "-p 2222" in lines[4] and "list-only" not in " ".join(lines)
     waiting = seed_lines([{"host": "a", "wait": 30, "root": "/srv/nemofleet/models"}], "/srv/nemofleet/models/m@c", "c" * 40)
-    assert "rsync --list-only" in waiting[0] and "root@a:m@c/.nemofleet-complete" in waiting[0] and "-ge 30 ]" in waiting[0]
+    assert "rsync --timeout=60 --list-only" in waiting[0] and "root@a:m@c/.nemofleet-complete" in waiting[0] and "-ge 30 ]" in waiting[0]
     single = seed_sources(settings_mod.parse({"weights_seed_from": "a"}))
     assert isinstance(single, dict) and "bwlimit" not in single  # one peer: as before
     for bad in ([], ["a"] * 9, ["bad host"], 5, [{"host": "a", "wait": 5}], {"host": "a", "wait": True}):

@@ -225,7 +225,7 @@ def test_keep_previous_then_rollback_restores_units_and_record(sandbox):
     assert not (sandbox.units / "nemofleet-vllm-nemotron-1.service").exists()  # not in the kept release
     assert sandbox(commands.release_read()) | {"_stdout": "", "_stderr": ""} == before | {"_stdout": "", "_stderr": ""}
     log = sandbox.log.read_text()
-    assert "disable --now nemofleet-vllm-nemotron-1.service" in log and "restart --no-block nemofleet-vllm-nemotron-0.service" in log
+    assert "disable --now -- nemofleet-vllm-nemotron-1.service" in log and "restart --no-block -- nemofleet-vllm-nemotron-0.service" in log
 
 
 def test_rollback_refuses_a_kept_release_other_than_expected(sandbox):
@@ -246,4 +246,4 @@ def test_rollback_goes_through_the_front_door_one_instance_at_a_time_when_there_
     assert f"[ -x {paths.DRAIN_SCRIPT} ] && systemctl is-active -q haproxy" in script
     assert (f"READY_TIMEOUT=45 timeout 165 flock -w 60 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart \"$i\" "
             "|| echo \"instance $i: not ready through the front door yet\"") in script
-    assert "else timeout 60 systemctl restart --no-block $n; fi" in script  # no front door: all at once
+    assert "else timeout 60 systemctl restart --no-block -- \"$n\"; fi" in script  # no front door: all at once

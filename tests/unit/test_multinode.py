@@ -234,7 +234,7 @@ def test_worker_unit_waits_for_the_head_and_runs_on_the_host_network():
             "'until (exec 3<>/dev/tcp/10.0.0.1/29501) 2>/dev/null; do sleep 2; done'") in wu
     assert "/dev/tcp" not in hu
     assert "rank 1 (worker) of serving group svl" in wu
-    assert worker.ready_command is None and "wait_ready nemotron-svl 8000;" in head.ready_command
+    assert worker.ready_command is None and "wait_ready nemotron-svl http://127.0.0.1:8000/health 1200;" in head.ready_command
     assert not worker.front_door and not head.front_door  # no frontends: no front door
     wh = worker.health_files["/usr/local/bin/nemofleet-health"][0]
     assert "  nemotron-svl 0 " in wh and "GROUP=svl GROUP_ROLE=worker GROUP_RANK=1 GROUP_HEAD=10.0.0.1" in wh

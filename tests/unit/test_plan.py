@@ -93,7 +93,7 @@ def test_memory_budget_matches_seed_figures():
     with pytest.raises(PlanError) as e:
         make_plan("a100", PROFILES["a100-1"], {"model": "nemotron-3.5-super-vl-bf16"})
     # one unit (GiB), need vs available, and shapes this planner accepts (issue 15)
-    assert str(e.value).startswith("nemotron-3.5-super-vl-bf16 needs 228.3 GiB per GPU even at TP1 (weights 215.9 GiB")
+    assert str(e.value).startswith("nemotron-3.5-super-vl-bf16 needs 256.2 GiB per GPU even at TP1 (weights 215.9 GiB")
     assert "but 1x A100 80 GiB has 72.0 GiB per GPU at gpu_memory_utilization 0.90" in str(e.value)
     assert "4x A100 80 GiB (TP4, max_num_seqs 32)" in str(e.value) and " GB" not in str(e.value)
 
@@ -420,3 +420,269 @@ def test_table_columns_never_run_together_on_8_gpu_hosts():
     assert gpu_ranges([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
     p = make_plan("h", FLEET["h100x8"], {"model": "nemotron-3.5-super-vl-bf16", "gpus": [0, 2, 4, 6, 1, 3, 5, 7]})
     assert "0-7" in table(p.to_dict()["instances"])[1].split()
+
+
+# ---------------------------------------------------------------------------- issue 26: the plan follows the recipes, second pass
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu"
+VL = {"model": "nemotron-3.5-super-vl-bf16"}
+# the day-one post's DGX Spark line (docs/recipes.md#lightning-h100), as host data
+SPARK_SIZES = "[1,2,4,8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,136,144,152,160,168,176,184,192,200,208,216,224,232,240,248,256,1024,2048,4096,8192]"
+SPARK = {"model": "nemotron-3.5-lightning-nvfp4", "speculative": "dspark", "max_num_batched_tokens": 16384,
+         "vllm_extra_args": {"--compilation_config.cudagraph_capture_sizes": SPARK_SIZES}}
+
+
+def _facts_with(gpus: list[Gpu]) -> dict:
+    """The GB10 fixture's HostFacts (a host ready to serve) with other GPUs."""
+    f = json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())
+    f["gpus"]["gpus"] = [{"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_mib, "cc": g.cc,
+                          "bus_id": f"0000:{g.index:02x}:00.0", "mig": "Disabled", "persistence": "Enabled",
+                          "driver": f["gpus"]["driver"]} for g in gpus]
+    return f
+
+
+def _plan_facts(tmp_path, monkeypatch, hosts: dict) -> tuple[int, str]:
+    """`nemofleet plan inv.py --facts facts.json` on {host: (facts, host data)}."""
+    from nemofleet import cli
+
+    (tmp_path / "facts.json").write_text(json.dumps({h: f for h, (f, _) in hosts.items()}))
+    inv = f"inv_{tmp_path.name.replace('-', '_')}.py"  # a name of its own: inventories load as modules
+    # with an API key: without one the plan is refused as the deploy would refuse it (desired.decide)
+    key = {"vllm_api_key": "sk-nf-" + "a" * 32}
+    (tmp_path / inv).write_text("hosts = " + repr([(h, {**key, **d}) for h, (_, d) in hosts.items()]) + "\n")
+    monkeypatch.chdir(tmp_path)  # no group_data here: the inventory alone
+    out = __import__("io").StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    try:
+        rc = cli.main(["plan", inv, "--facts", "facts.json"])
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, out.getvalue()
+
+
+def test_plan_facts_super_vl_on_4x_a100_keeps_the_card_reserve_and_names_the_safe_line(tmp_path, monkeypatch):
+    rc, out = _plan_facts(tmp_path, monkeypatch, {"a100-4": (_facts_with(FLEET["a100x4"]), VL)})
+    assert rc == 0 and "REFUSED" not in out and "Traceback" not in out, out
+    warned = [line for line in out.splitlines() if "safe line" in line]
+    assert len(warned) == 1, out
+    w = warned[0]
+    assert "320.0 GiB (344 GB) of GPU memory per instance, below the 372.5 GiB (400 GB) its card calls the safe line" in w
+    assert "the card's 15% activation reserve (8.1 GiB per GPU)" in w
+    assert "each instance holds 8 full 262144-token sequences at once (64.6/72.0 GiB per GPU) for max_num_seqs 32" in w
+    assert "8x A100 80 GiB holds the safe line" in w
+    p = make_plan("h", FLEET["a100x4"], VL)
+    (i,) = p.instances
+    assert i.tp == 4 and i.memory.reserve >= 0.15 * i.memory.weights
+    assert "(the card's 15% of the weights)" in i.memory.terms()
+
+
+def test_card_reserve_is_15_percent_of_the_weights_where_the_card_states_it_and_only_there():
+    vl, lt = CATALOG["nemotron-3.5-super-vl-bf16"], CATALOG["nemotron-3.5-lightning-bf16"]
+    assert vl.reserve_fraction == 0.15 and vl.safe_line_bytes == 400 * 10**9
+    assert lt.reserve_fraction == 0 and lt.safe_line_bytes == 0
+    for host in ("a100x4", "a100x8", "h100x8", "h200x8", "b200x8"):
+        for i in make_plan("h", FLEET[host], VL).instances:
+            assert i.memory.reserve >= 0.15 * i.memory.weights, host
+    # holding the safe line: no warning (8x H100 is 684 GB)
+    assert not [w for w in make_plan("h", FLEET["h100x8"], VL).warnings if "safe line" in w]
+    # the day-one H100 line still plans as it ran: the model's own reserve (5 %), not 15 %
+    m = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_num_seqs": 256}).instances[0].memory
+    assert m.fits and m.reserve < 0.15 * m.weights and not m.reserve_from_card
+
+
+def test_super_vl_on_3x_b200_plans_tp2_on_two_gpus_and_says_why_the_third_is_idle():
+    p = make_plan("h", B200[:3], VL)
+    (i,) = p.instances
+    assert (i.tp, [g.index for g in i.gpus], p.excluded_gpus) == (2, [0, 1], [2])
+    assert i.ep and "--tensor-parallel-size 2" in " ".join(i.args)
+    c = p.choices[0]
+    assert "3x B200 179 GiB: 1 x TP2" in c and "TP1 does not fit (297.9/161.2 GiB per GPU)" in c
+    assert ("GPU 2 stays idle: 3 GPUs are not a multiple of TP2, TP takes 1, 2, 4 or 8 GPUs and the instances on "
+            "one GPU model share one TP, and no smaller TP fits") in c
+    # 2x B200 (358 GiB, 385 GB) is below the 400 GB line: planned with the card's reserve, and said so
+    assert len([w for w in p.warnings if "below the 372.5 GiB (400 GB) its card calls the safe line" in w]) == 1
+
+
+def test_idle_gpus_name_the_tp_that_would_use_every_gpu():
+    p = make_plan("h", _gpus("NVIDIA H200", 143771, "9.0", 6), VL)  # largest: TP4 on 4 of 6
+    assert [i.tp for i in p.instances] == [4] and p.excluded_gpus == [4, 5]
+    assert "GPU 4, 5 stay idle" in p.choices[0]
+    p = make_plan("h", _gpus("NVIDIA H200", 143771, "9.0", 6), {**VL, "max_num_seqs": 8})
+    assert "tensor_parallel_size: 2 uses every GPU (3 x TP2)" in p.choices[0]
+    p = make_plan("h", FLEET["h100x8"], {"model": "nemotron-3.5-lightning-bf16", "instances": 3})
+    assert p.excluded_gpus == [3, 4, 5, 6, 7] and "stay idle: instances is 3" in p.choices[0]
+
+
+def test_the_planner_plans_on_any_list_of_gpus():
+    """GPUs 0,1,2,4,5,6,7 of an 8-GPU host (GPU 3 left out, as a health check would)."""
+    from nemofleet.gpus import tp_groups
+
+    seven = [g for g in FLEET["h100x8"] if g.index != 3]
+    groups, idle = tp_groups(seven, 2, 3)
+    assert [[g.index for g in b] for b in groups] == [[0, 1], [4, 5], [6, 7]] and [g.index for g in idle] == [2]
+    groups, idle = tp_groups(seven, 4, 1)
+    assert [[g.index for g in b] for b in groups] == [[4, 5, 6, 7]] and [g.index for g in idle] == [0, 1, 2]
+    groups, idle = tp_groups(seven, 1, 7)
+    assert [b[0].index for b in groups] == [0, 1, 2, 4, 5, 6, 7] and idle == []
+    with pytest.raises(ValueError):
+        tp_groups(seven, 4, 2)
+    p = make_plan("h", seven, {"model": "nemotron-3.5-lightning-bf16"})
+    assert [[g.index for g in i.gpus] for i in p.instances] == [[0], [1], [2], [4], [5], [6], [7]]
+    assert p.excluded_gpus == [] and [i.host_port for i in p.instances] == list(range(8000, 8007))
+    seven = [g for g in FLEET["h200x8"] if g.index != 3]
+    p = make_plan("h", seven, VL)  # largest: TP4 on the aligned four
+    assert [[g.index for g in i.gpus] for i in p.instances] == [[4, 5, 6, 7]] and p.excluded_gpus == [0, 1, 2]
+    assert "GPU 0, 1, 2 stay idle" in p.choices[0]
+    p = make_plan("h", seven, {**VL, "tensor_parallel_size": 2, "max_num_seqs": 8})
+    assert [[g.index for g in i.gpus] for i in p.instances] == [[0, 1], [4, 5], [6, 7]] and p.excluded_gpus == [2]
+    for i in p.instances:
+        vllm_flags.build_argparser("0.27.1").parse_args(i.args)
+
+
+def test_refusal_shapes_follow_the_reserve_and_include_the_hosts_own_class_smallest_first():
+    with pytest.raises(PlanError) as e:
+        make_plan("h", FLEET["h100x1"], VL)
+    text = str(e.value)
+    shapes = re.findall(r"(\d)x ([A-Z]\d+[SG]? \d+ GiB) \(TP\d", text)
+    assert ("8", "H100 80 GiB") in shapes  # the host's own class at a larger count
+    totals = [int(c) * _SHAPES[label].memory_mib for c, label in shapes]
+    assert totals == sorted(totals)
+    for count, label in shapes:  # each plans with the same rule (the card's reserve)
+        cls = _SHAPES[label]
+        i = make_plan("s", _gpus(cls.name, cls.memory_mib, cls.cc, int(count)), VL).instances[0]
+        assert i.memory.reserve >= 0.15 * i.memory.weights
+
+
+def test_unified_memory_board_facts_take_memtotal_and_plan_the_dgx_spark_line(tmp_path, monkeypatch):
+    from nemofleet.facts.gpu import NvidiaGpus
+
+    facts = json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())
+    parsed = NvidiaGpus().parse((FIXTURES / "gb10" / "nvidia_gpus.out").read_text().splitlines())
+    assert parsed == facts["gpus"]
+    (g,) = parsed["gpus"]
+    assert g["memory_mib"] == 127601212 // 1024 and g["unified"] is True and g["cc"] == "12.1"
+    rc, out = _plan_facts(tmp_path, monkeypatch, {"spark-1": (facts, SPARK)})
+    assert rc == 0 and "REFUSED" not in out and "Traceback" not in out, out
+    flags = next(line for line in out.splitlines() if line.strip().startswith("flags:"))
+    # the DGX Spark line, flag by flag (dotted keys as vLLM's parser takes them; speculative_config.* is the
+    # plan's --speculative-config)
+    assert "--max-num-batched-tokens 16384" in flags
+    assert f"--compilation-config.cudagraph_capture_sizes {SPARK_SIZES}" in flags
+    sc = json.loads(flags.split("--speculative-config ", 1)[1].split(" ", 1)[0])
+    assert sc["method"] == "dspark" and sc["model"].endswith("Lightning-30B-A3B-NVFP4-DSpark")
+    # unified memory: vLLM sees 121.7 GiB; 20 GiB stays for the OS, so 0.83 of it
+    assert "--gpu-memory-utilization 0.83" in flags and "GB10 122 GiB" in out
+    # sm12x: none of sm100's kernels, nor Hopper's
+    for absent in ("humming", "horizontal", "flashinfer_cutlass", "--async-scheduling"):
+        assert absent not in flags, absent
+    departures = [line for line in out.splitlines() if line.strip().startswith("departure:")]
+    assert any("--gpu-memory-utilization 0.83 on GB10 122 GiB of unified memory" in d for d in departures)
+    p = make_plan("spark", [Gpu(0, "GPU-s", "NVIDIA GB10", 124610, "12.1", unified=True)], SPARK)
+    assert not [w for w in p.warnings if "weight-only" in w]  # native FP4 on sm12x
+    assert vllm_flags.build_argparser("0.27.1").parse_args(p.instances[0].args).compilation_config == {
+        "cudagraph_capture_sizes": json.loads(SPARK_SIZES)}
+    with pytest.raises(PlanError) as e:  # refused: figures at the capped utilisation, no "4x GB10" shape
+        make_plan("spark", p.instances[0].gpus, {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1048576,
+                                                 "gpu_memory_utilization": 0.5})
+    assert "1x GB10 122 GiB has 60.8 GiB per GPU at gpu_memory_utilization 0.50" in str(e.value)
+    assert "x GB10" not in str(e.value).split("would plan it on", 1)[1]
+    assert "on this host it fits with gpu_memory_utilization: 0.83 (TP1" in str(e.value)
+
+
+def test_unified_memory_without_memtotal_refuses_that_host_in_one_sentence():
+    from nemofleet.facts.gpu import NvidiaGpus
+
+    row = "0, GPU-x, NVIDIA GB10, [N/A], 580.126.09, 12.1, 0000000F:01:00.0, [N/A], Enabled"
+    with pytest.raises(Exception) as e:
+        NvidiaGpus().parse([row, "RC=0"])
+    assert "reports no memory.total ([N/A]) for GPU 0 (NVIDIA GB10)" in str(e.value) and "\n" not in str(e.value)
+    assert NvidiaGpus().process([row, "RC=0"])["gpus"] == []
+    assert NvidiaGpus().process(["MEMTOTAL_KB=junk", row, "RC=0"])["gpus"] == []
+    # a discrete GPU ignores MemTotal
+    (g,) = NvidiaGpus().process(["MEMTOTAL_KB=1000", row.replace("[N/A], 580", "81559, 580"), "RC=0"])["gpus"]
+    assert g["memory_mib"] == 81559 and "unified" not in g
+
+
+def test_compute_capability_12_is_sm12x():
+    from nemofleet.gpus import arch_for_cc, cc_for_name
+
+    assert arch_for_cc("12.1").name == arch_for_cc("12.0").name == arch_for_cc("11.0").name == "sm12x"
+    assert arch_for_cc("10.0").name == "blackwell"
+    assert cc_for_name("NVIDIA GB10") == "12.1" and cc_for_name("NVIDIA RTX PRO 6000 Blackwell Server Edition") == "12.0"
+    rtx = _gpus("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0", 1)
+    args = " ".join(make_plan("h", rtx, {}).instances[0].args)
+    assert "--max-num-batched-tokens 16384" in args and "flashinfer_cutlass" not in args and "humming" not in args
+
+
+def test_extra_args_take_every_spelling_of_vllms_parser():
+    p = make_plan("h", FLEET["h100x1"], {"vllm_extra_args": {
+        "--compilation_config.cudagraph_capture_sizes": "[1,2,4]", "compilation-config.mode": 3,
+        "enable_prefix_caching": True, "--max_cudagraph_capture_size": 64}})
+    a = " ".join(p.instances[0].args)
+    assert "--compilation-config.cudagraph_capture_sizes [1,2,4] --compilation-config.mode 3" in a
+    assert "--max-cudagraph-capture-size 64" in a
+    ns = vllm_flags.build_argparser("0.27.1").parse_args(p.instances[0].args)
+    assert ns.compilation_config == {"cudagraph_capture_sizes": [1, 2, 4], "mode": 3}
+    for extra, sentence in [
+        ({"--speculative_config.method": "dspark"}, "set speculative and num_speculative_tokens instead"),
+        ({"--speculative_config.model": "x"}, "set speculative and num_speculative_tokens instead"),
+        ({"max_num_seqs": 8}, "sets --max-num-seqs, which the plan decides"),
+        ({"--tensor_parallel_size": 2}, "set tensor_parallel_size instead"),
+        ({"--moe_backend.x": 1}, "--moe-backend.x sets a key of --moe-backend, which is not a config argument"),
+        ({"--made_up.x": 1}, "vLLM 0.27.1 has no flag --made-up (in --made-up.x)"),
+    ]:
+        with pytest.raises(PlanError) as e:
+            make_plan("h", FLEET["h100x1"], {"vllm_extra_args": extra})
+        assert sentence in str(e.value), (extra, str(e.value))
+
+
+def test_each_departure_from_a_recipe_is_one_line_with_the_setting_that_restores_it():
+    lt = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16"})
+    (d,) = lt.departures
+    assert d.startswith("--max-model-len 131072: the day-one recipe leaves the context to the model (1048576 tokens)")
+    assert d.endswith("max_model_len: 1048576 restores the recipe's way")
+    assert not make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1048576,
+                                                "max_num_seqs": 8}).departures
+    spec = make_plan("h", FLEET["h100x1"], {"speculative": "mtp"}).departures
+    assert any(x.startswith("--mamba-ssu-algorithm horizontal left out") and "speculative: none restores it" in x
+               for x in spec)
+    assert not any("horizontal" in x for x in make_plan("b", B200, {"speculative": "mtp"}).departures)
+    assert not make_plan("a100", PROFILES["a100-1"], {}).departures  # the A100 README sets 131072 itself
+    vl = make_plan("h", FLEET["h200x8"], VL)
+    assert any(x.startswith("--reasoning-parser-plugin /models/") and "vLLM 0.27.1 does not register super_v3" in x
+               for x in vl.departures)
+    assert any(x.startswith("--max-num-seqs 256 --max-num-batched-tokens 32768 added") for x in vl.departures)
+    assert vl.to_dict()["departures"] == vl.departures
+    for p in (lt, vl):
+        assert all("\n" not in x and "seed 00" not in x for x in p.departures)
+    from nemofleet.plantext import lines
+    assert sum(line.startswith("departure: ") for line in lines(vl.to_dict())) == len(vl.departures)
+
+
+def test_full_context_sequences_are_counted_in_english():
+    assert memory.seqs_phrase(1, 131072) == "1 full 131072-token sequence"
+    assert memory.seqs_phrase(5, 262144) == "5 full 262144-token sequences"
+    p = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1048576,
+                                         "max_num_seqs": 64})
+    text = " ".join(p.choices + p.warnings)
+    assert not re.search(r"\b1 full[\w -]*sequences\b", text), text
+
+
+def test_every_sm12x_and_unified_memory_line_parses_in_its_version():
+    hosts = {"gb10": [Gpu(0, "GPU-s", "NVIDIA GB10", 124610, "12.1", unified=True)],
+             "rtxpro6000x4": _gpus("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0", 4)}
+    planned = 0
+    for version in vllm_flags.VERSIONS:
+        parser = vllm_flags.build_argparser(version)
+        for gpus in hosts.values():
+            for key in CATALOG:
+                for data in ({}, SPARK):
+                    try:
+                        p = make_plan("h", gpus, {**data, "model": key, "vllm_image": f"vllm/vllm-openai:v{version}"})
+                    except PlanError:
+                        continue
+                    planned += 1
+                    for inst in p.instances:
+                        parser.parse_args(inst.args)
+                        assert not {"humming", "horizontal", "flashinfer_cutlass"} & set(inst.args)
+    assert planned >= 20

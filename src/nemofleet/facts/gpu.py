@@ -16,6 +16,8 @@ SMI_EXIT = {6: "no NVIDIA GPU was found", 9: "the NVIDIA driver is not loaded",
 
 
 SMI_TIMEOUT = 20  # nvidia-smi answers in well under a second; 20 s means the driver hangs
+MEMINFO_TIMEOUT = 5  # reading /proc/meminfo is instant
+MEMTOTAL = "MEMTOTAL_KB="  # the line NvidiaGpus adds after nvidia-smi's: /proc/meminfo's MemTotal
 CTK_TIMEOUT = 20
 TIMED_OUT = 124  # timeout(1)'s exit status when it had to stop the command
 
@@ -39,17 +41,42 @@ def _na(value: str) -> str | None:
     return None if value in ("[N/A]", "N/A", "[Not Supported]", "") else value
 
 
-def _gpu_row(row: list[str]) -> dict:
-    """One --query-gpu row; ValueError when a field is not what nvidia-smi prints for it."""
+def _gpu_row(row: list[str], memtotal_kb: int | None = None) -> dict:
+    """One --query-gpu row; ValueError when a field is not what nvidia-smi prints for it.
+
+    A unified-memory board (DGX Spark GB10, Jetson Thor) prints memory.total as [N/A]: its GPU
+    shares the system memory, so the row takes MemTotal (what vLLM sees there as GPU memory) and
+    says `unified: True` (docs/recipes.md#unified-memory); Unreadable when MemTotal is unknown."""
     if len(row) != len(GPU_FIELDS):
         raise ValueError(f"{len(row)} fields, not {len(GPU_FIELDS)}")
     r = dict(zip(GPU_FIELDS, (c.strip() for c in row)))
-    return {
+    out = {
         "index": int(r["index"]), "uuid": r["uuid"], "name": r["name"],
-        "memory_mib": int(float(r["memory.total"])), "cc": _na(r["compute_cap"]),
+        "memory_mib": 0, "cc": _na(r["compute_cap"]),
         "bus_id": r["pci.bus_id"], "mig": _na(r["mig.mode.current"]) or "N/A",
         "persistence": r["persistence_mode"], "driver": _na(r["driver_version"]),
     }
+    if _na(r["memory.total"]) is not None:
+        out["memory_mib"] = int(float(r["memory.total"]))
+    elif memtotal_kb:
+        out["memory_mib"], out["unified"] = memtotal_kb // 1024, True
+    else:
+        raise Unreadable(f"nvidia-smi reports no memory.total ({r['memory.total']}) for GPU {out['index']} "
+                         f"({out['name']}), as unified-memory boards do, and /proc/meminfo gave no MemTotal to "
+                         "size it by; check that /proc/meminfo is readable on the host")
+    return out
+
+
+def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
+    """(the other lines, MemTotal in kB or None): the MEMTOTAL_KB= line typed at the edge."""
+    rest, kb = [], None
+    for line in lines:
+        if line.startswith(MEMTOTAL):
+            value = line[len(MEMTOTAL):].strip()
+            kb = int(value) if value.isdigit() and int(value) > 0 else None
+        else:
+            rest.append(line)
+    return rest, kb
 
 
 class NvidiaGpus(FactBase):
@@ -63,7 +90,9 @@ class NvidiaGpus(FactBase):
     """
 
     def command(self) -> str:
+        # MemTotal first (a unified-memory GPU has no memory.total of its own), so RC= stays last
         return ("command -v nvidia-smi >/dev/null 2>&1 || { echo NOCMD; exit 0; }; "
+                f"timeout {MEMINFO_TIMEOUT} awk '/^MemTotal:/ {{print \"{MEMTOTAL}\" $2; exit}}' /proc/meminfo 2>/dev/null; "
                 f"timeout {SMI_TIMEOUT} nvidia-smi --query-gpu={','.join(GPU_FIELDS)} "
                 '--format=csv,noheader,nounits 2>&1; echo "RC=$?"')
 
@@ -80,6 +109,7 @@ class NvidiaGpus(FactBase):
         lines = [line for line in output if line.strip()]
         if lines[:1] == ["NOCMD"]:
             return self.default()
+        lines, memtotal_kb = _memtotal(lines)
         lines, rc = _rc_split(lines)
         if rc == TIMED_OUT:
             sentence = f"nvidia-smi did not answer within {SMI_TIMEOUT} s (hung driver?)"
@@ -89,7 +119,9 @@ class NvidiaGpus(FactBase):
             return {"smi": True, "rc": rc, "error": text or SMI_EXIT.get(rc, f"nvidia-smi exit {rc}"),
                     "driver": None, "gpus": []}
         try:
-            gpus = [_gpu_row(row) for row in csv.reader(lines, skipinitialspace=True)]
+            gpus = [_gpu_row(row, memtotal_kb) for row in csv.reader(lines, skipinitialspace=True)]
+        except Unreadable as exc:
+            raise Unreadable(str(exc), {"smi": True, "rc": rc, "error": str(exc), "driver": None, "gpus": []}) from None
         except ValueError:
             sentence = f"nvidia-smi printed output nemofleet cannot read: {lines[0].strip()[:200]}"
             raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []}) from None

@@ -9,6 +9,8 @@ from pyinfra.api import FactBase
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
 from .gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from . import schema
+from .schema import part_problem
 from .lock import DeployLock  # the lock layout lives with the fleet layer (nemofleet.fleet.commands)
 from .weights import ModelsOnDisk
 
@@ -40,12 +42,17 @@ class OsRelease(FactBase):
         return out
 
 
+DISK_TIMEOUT = 20  # seconds for df and the models listing on a (possibly network) filesystem
+
+
 class FreeDisk(FactBase):
     """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> str:
-        return (f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                "df -PB1 \"$p\" | awk 'NR==2{print $4}'")
+        # bounded: a hung NFS models root must not hang the run (no output: the size is unknown)
+        script = ('p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+                  "df -PB1 \"$p\" | awk 'NR==2{print $4}'")
+        return f"timeout {DISK_TIMEOUT} sh -c {shlex.quote(script)} sh {shlex.quote(path)}"
 
     def process(self, output):
         text = (output[0] if output else "").strip()
@@ -171,9 +178,17 @@ def known_reads(facts: dict, models_root: str, image: str) -> list[tuple]:
 
 
 def facts_file_problem(host: str, facts) -> str | None:
-    """One sentence when a facts file's entry for `host` is not a whole HostFacts (None when it is)."""
+    """One sentence when a facts file's entry for `host` is not a whole HostFacts of the declared
+    types (facts/schema.py), None when it is."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
+    for key in HostFacts.PARTS:
+        why = part_problem(key, facts[key]) if key in facts else None
+        if why:
+            return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
+    why = schema.part_problem("errors", facts.get("errors", {}))
+    if why:
+        return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
     # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan
     missing = [k for k in HostFacts.PARTS if k not in facts and k not in ("release", "gpu_access", "lock", "addresses", "rdma")]
     if missing:
@@ -188,7 +203,11 @@ def read_part(key: str, fact: FactBase, lines: list[str]):
         return fact.default(), None
     strict = getattr(fact, "parse", fact.process)  # parse(): the variant that raises Unreadable
     try:
-        return strict(lines), None
+        value = strict(lines)
+        why = part_problem(key, value)  # the part's declared type (facts/schema.py)
+        if why:
+            return fact.default(), f"the {key} check printed a value nemofleet cannot use: {why}"
+        return value, None
     except Unreadable as exc:
         return (exc.value if exc.value is not None else fact.default()), str(exc)
     except Exception as exc:  # any other parse failure: this host only, never the whole run

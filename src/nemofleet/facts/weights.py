@@ -128,9 +128,14 @@ emit()
 '''
 
 
+# Bounded like every remote command: the check stats the files (a hung NFS models root must not
+# hang the run); `full` hashes every shard (232 GB at a slow disk's 100 MB/s is ~40 min).
+CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600}
+
+
 def check_command(directory: str, revision: str, mode: str) -> str:
-    return " ".join(["python3", "-c", shlex.quote(CHECK_SCRIPT), shlex.quote(directory),
-                     shlex.quote(revision), mode])
+    return " ".join(["timeout", str(CHECK_TIMEOUT[mode]), "python3", "-c", shlex.quote(CHECK_SCRIPT),
+                     shlex.quote(directory), shlex.quote(revision), shlex.quote(mode)])
 
 
 class WeightsStatus(FactBase):
@@ -185,7 +190,8 @@ print(json.dumps(out, sort_keys=True))
 '''
 
     def command(self, root: str) -> str:
-        return f"python3 -c {shlex.quote(self.SCRIPT)} {shlex.quote(root)} 2>/dev/null || echo '{{}}'"
+        # bounded: a hung NFS models root must not hang the run (no answer: no models known)
+        return f"timeout 60 python3 -c {shlex.quote(self.SCRIPT)} {shlex.quote(root)} 2>/dev/null || echo '{{}}'"
 
     def default(self):
         return {}

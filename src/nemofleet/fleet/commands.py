@@ -135,7 +135,8 @@ def rollback(expect: str | None = None, ready_timeout: int = 60) -> str:
     others. Without a front door they restart at once."""
     p, unit_dir = paths.PREVIOUS, paths.UNIT_DIR
     guard = (f"k=$(sed -n 's/^id=//p' $p/release)\n"
-             f"[ \"$k\" = {shlex.quote(expect)} ] || {{ echo \"the kept release is $k, not {expect}: not rolling back\" >&2; exit 1; }}\n"
+             f"[ \"$k\" = {shlex.quote(expect)} ] || {{ printf 'the kept release is %s, not %s: not rolling back\\n' "
+             f"\"$k\" {shlex.quote(expect)} >&2; exit 1; }}\n"
              if expect else "")
     return (
         "set -e\n"
@@ -143,19 +144,20 @@ def rollback(expect: str | None = None, ready_timeout: int = 60) -> str:
         "[ -f $p/release ] || { echo 'no previous release kept on this host' >&2; exit 1; }\n"
         f"{guard}"
         f"for u in {paths.UNIT_GLOB}; do\n"
-        "  [ -e \"$u\" ] || continue; n=$(basename $u)\n"
-        "  if [ ! -e $p/$n ]; then timeout 300 systemctl disable --now $n; rm -f $u; fi\n"
+        # names read from the unit directory: always quoted, after --
+        "  [ -e \"$u\" ] || continue; n=$(basename -- \"$u\")\n"
+        "  if [ ! -e \"$p/$n\" ]; then timeout 300 systemctl disable --now -- \"$n\"; rm -f -- \"$u\"; fi\n"
         "done\n"
         f"cp $p/{paths.UNIT_PREFIX}*.service {unit_dir}/\n"
         f"cp {paths.RELEASE} {paths.RELEASE}.rolled-back 2>/dev/null || true\n"
         f"cp $p/release {paths.RELEASE}\n"
         "timeout 120 systemctl daemon-reload\n"
-        f"for u in $p/{paths.UNIT_PREFIX}*.service; do n=$(basename $u); i=${{n#{paths.UNIT_PREFIX}}}; i=${{i%.service}}\n"
-        "  timeout 60 systemctl enable -q $n\n"
+        f"for u in $p/{paths.UNIT_PREFIX}*.service; do n=$(basename -- \"$u\"); i=${{n#{paths.UNIT_PREFIX}}}; i=${{i%.service}}\n"
+        "  timeout 60 systemctl enable -q -- \"$n\"\n"
         f"  if [ -x {paths.DRAIN_SCRIPT} ] && systemctl is-active -q haproxy && {paths.DRAIN_SCRIPT} state \"$i\" >/dev/null 2>&1; then\n"
         f"    READY_TIMEOUT={int(ready_timeout)} timeout {int(ready_timeout) + 120} flock -w 60 {paths.HEALTH_LOCK} "
         f"{paths.DRAIN_SCRIPT} restart \"$i\" || echo \"instance $i: not ready through the front door yet\"\n"
-        "  else timeout 60 systemctl restart --no-block $n; fi\n"
+        "  else timeout 60 systemctl restart --no-block -- \"$n\"; fi\n"
         "done\n"
         f"echo \"rolled back to $(sed -n 's/^id=//p' {paths.RELEASE})\"\n")
 
@@ -199,8 +201,8 @@ def status(models_root: str, prom_dir: str) -> str:
     root, prom = shlex.quote(models_root.rstrip("/")), shlex.quote(f"{prom_dir.rstrip('/')}/nemofleet.prom")
     return (
         f"sed 's/^/release /' {paths.RELEASE} 2>/dev/null\n"
-        f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename $u)\n"
-        "  echo \"unit $n $(timeout 10 systemctl is-active $n) $(sed -n 's/^Description=//p' $u)\"; done\n"
+        f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename -- \"$u\")\n"
+        "  echo \"unit $n $(timeout 10 systemctl is-active -- \"$n\") $(sed -n 's/^Description=//p' \"$u\")\"; done\n"
         f"grep -v '^#' {prom} 2>/dev/null | sed 's/^/prom /'\n"
         f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename \"$d\")\n"
         # like with like: the index's total_size counts tensor bytes, so the shards on disk are

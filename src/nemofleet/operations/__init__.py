@@ -10,6 +10,14 @@ from typing import Iterator
 
 from pyinfra.api import FileUploadCommand, StringCommand
 
+from .. import shell
+
+
+def cmd(*argv) -> StringCommand:
+    """A host command from an argument list, every word quoted once (shell.join): pyinfra's
+    StringCommand("rm", "-rf", path) joins its words unquoted."""
+    return StringCommand(shell.join(argv))
+
 
 def reads_with(fn):
     """Declare, next to an operation, the fact it reads: `fn` takes the operation's keyword
@@ -26,6 +34,11 @@ def fail_command(sentence: str) -> StringCommand:
     """A command that fails only this host with `sentence` on stderr: pyinfra marks a host whose
     command exits non-zero as failed and carries on with the others."""
     return StringCommand("sh", "-c", shlex.quote(f"printf '%s\\n' {shlex.quote(sentence)} >&2; exit 1"))
+
+
+def private_mode(mode: str) -> bool:
+    """A mode that gives group and others nothing (0600, 0400, 0700)."""
+    return str(mode)[-2:] == "00"
 
 
 def temp_path(path: str) -> str:
@@ -47,11 +60,18 @@ def atomic_put(content: str | bytes, path: str, mode: str, validate: str = "", b
     """
     data = content.encode() if isinstance(content, str) else content
     tmp = temp_path(path)
-    yield StringCommand("mkdir", "-p", posixpath.dirname(path))
+    q = shlex.quote
+    if private_mode(mode):
+        # the upload writes into an existing file and keeps its mode (SFTP opens it O_TRUNC, and
+        # the sudo path cp's onto it): create it empty and 0600 first, so a secret is never in a
+        # file others can read, not even between the upload and the chmod
+        yield StringCommand("sh", "-c", q(f"mkdir -p {q(posixpath.dirname(path))} && umask 077 && "
+                                          f"rm -f -- {q(tmp)} && : > {q(tmp)}"))
+    else:
+        yield cmd("mkdir", "-p", posixpath.dirname(path))
     yield FileUploadCommand(io.BytesIO(data), tmp, remote_temp_filename=tmp)
     if not (validate or before or after):
-        yield StringCommand("chmod", mode, tmp, "&&", "mv", "-f", tmp, path)
+        yield StringCommand(shell.join(["chmod", mode, tmp]), "&&", shell.join(["mv", "-f", tmp, path]))
         return
-    q = shlex.quote
     yield StringCommand("sh", "-c", q(
         f"set -e; {validate}{before}chmod {mode} {q(tmp)}; mv -f {q(tmp)} {q(path)}; {after}".rstrip("; ")))

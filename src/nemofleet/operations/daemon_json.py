@@ -16,7 +16,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import operation
 from pyinfra.operations.util.files import generate_color_diff
 
-from .. import versions
+from .. import shell, versions
 from ..facts.docker import DaemonJson, DockerInfo
 from ..facts.prefetch import fact
 from ..paths import DAEMON_JSON
@@ -163,7 +163,8 @@ def _validate_snippet(tmp: str, path: str, server: str | None) -> str:
         return ""
     q = shlex.quote
     return (f"timeout {VALIDATE_TIMEOUT} dockerd --validate --config-file={q(tmp)} >/dev/null 2>&1 || "
-            f"{{ rm -f {q(tmp)}; echo 'dockerd --validate rejected the merged {path}; nothing was changed' >&2; exit 1; }}; ")
+            f"{{ rm -f {q(tmp)}; {shell.say(f'dockerd --validate rejected the merged {path}; nothing was changed')}; "
+            "exit 1; }; ")
 
 
 def _apply_snippet(path: str, action: str) -> str:
@@ -172,8 +173,8 @@ def _apply_snippet(path: str, action: str) -> str:
     return (f"if ! timeout {APPLY_TIMEOUT} systemctl {action} docker; then "
             f"cp -f {q(path + '.nemofleet-prev')} {q(path)} 2>/dev/null || rm -f {q(path)}; "
             f"timeout {APPLY_TIMEOUT} systemctl restart docker; "
-            f"echo 'docker failed to {action} within {APPLY_TIMEOUT} s with the new {path}; "
-            "the previous file was restored' >&2; exit 1; fi")
+            + shell.say(f"docker failed to {action} within {APPLY_TIMEOUT} s with the new {path}; "
+                        "the previous file was restored") + "; exit 1; fi")
 
 
 @reads_with(lambda path=DAEMON_JSON, **_: (DaemonJson, {"path": path}))

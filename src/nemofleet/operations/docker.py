@@ -10,7 +10,8 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from ..facts.docker import ContainerNetworks, ImageInfo, Networks
 from ..facts.prefetch import fact
-from . import fail_command, reads_with
+from .. import shell
+from . import cmd, fail_command, reads_with
 
 
 # A vLLM image is ~10-20 GB: an hour covers a slow mirror; past that the pull is stuck, and a
@@ -50,16 +51,16 @@ def image(ref: str, archive: str | None = None):
         yield FileUploadCommand(archive, tmp, remote_temp_filename=tmp)
         yield StringCommand("sh", "-c", q(
             f"timeout {LOAD_TIMEOUT} docker load -q -i {q(tmp)} >/dev/null; rc=$?; rm -f {q(tmp)}; "
-            f"[ $rc -ne 124 ] || {{ echo 'docker load of {archive} did not finish within {LOAD_TIMEOUT} s' >&2; exit 1; }}; "
-            f"[ $rc -eq 0 ] || {{ echo 'docker load of {archive} failed' >&2; exit 1; }}; "
+            f"[ $rc -ne 124 ] || {shell.fail(f'docker load of {archive} did not finish within {LOAD_TIMEOUT} s')}; "
+            f"[ $rc -eq 0 ] || {shell.fail(f'docker load of {archive} failed')}; "
             f"timeout 30 docker image inspect {q(ref)} >/dev/null 2>&1 || "
-            f"{{ echo 'the archive {os.path.basename(archive)} does not contain {ref}' >&2; exit 1; }}"))
+            f"{shell.fail(f'the archive {os.path.basename(archive)} does not contain {ref}')}"))
         return
     yield StringCommand("sh", "-c", q(
         f"timeout {PULL_TIMEOUT} docker pull -q {q(ref)} >/dev/null; rc=$?; "
-        f"[ $rc -ne 124 ] || {{ echo 'docker pull {ref} did not finish within {PULL_TIMEOUT} s: check the registry mirror' >&2; exit 1; }}; "
-        f"[ $rc -eq 0 ] || {{ echo 'docker pull {ref} failed: check registry-mirrors "
-        "in /etc/docker/daemon.json and the host network' >&2; exit 1; }"))
+        f"[ $rc -ne 124 ] || {shell.fail(f'docker pull {ref} did not finish within {PULL_TIMEOUT} s: check the registry mirror')}; "
+        f"[ $rc -eq 0 ] || "
+        + shell.fail(f"docker pull {ref} failed: check registry-mirrors in /etc/docker/daemon.json and the host network")))
 
 
 @reads_with(lambda wanted, **_: networks_reads(wanted))
@@ -76,7 +77,7 @@ def networks(wanted: dict[str, bool]):
             yield fail_command(
                 f"Docker network {n} does not exist on {host.name}; start its frontend first or set create: true for it")
             return
-        yield StringCommand("docker", "network", "create", n)
+        yield cmd("timeout", 60, "docker", "network", "create", "--", n)
 
 
 @reads_with(lambda containers, **_: attached_reads(containers))
@@ -92,7 +93,7 @@ def attached(containers: dict[str, dict[str, str]]):
             continue
         for net, alias in sorted(nets.items()):
             if net not in info["networks"]:
-                fixes.append(StringCommand("docker", "network", "connect", "--alias", alias, net, name))
+                fixes.append(cmd("timeout", 60, "docker", "network", "connect", "--alias", alias, "--", net, name))
     if not fixes:
         host.noop("containers are on their networks")
         return

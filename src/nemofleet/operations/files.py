@@ -12,7 +12,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from ..facts.files import FilesDigest, FileText
 from ..facts.prefetch import fact
-from . import atomic_put, reads_with
+from . import atomic_put, cmd, reads_with
 
 
 def reads(files: dict, dirs: dict | None = None) -> tuple:
@@ -42,7 +42,7 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
         host.noop(f"{len(files)} file(s) up to date")
         return
     for d, mode in bad_dirs:
-        yield StringCommand("install", "-d", "-m", mode, d)
+        yield cmd("install", "-d", "-m", mode, "--", d)
     for path, content, mode, cur in todo:
         if changed is not None:
             changed.add(path)
@@ -73,7 +73,7 @@ def absent(paths: list[str], removed: set | None = None):
         return
     if removed is not None:
         removed.update(gone)
-    yield StringCommand("rm", "-f", *gone)
+    yield cmd("rm", "-f", "--", *gone)
 
 
 def key_reads(path: str) -> tuple:

@@ -13,10 +13,11 @@ from ..facts.prefetch import fact
 from . import atomic_put, reads_with, temp_path
 
 
-def refusal(host_name: str, path: str, role: str = "front door") -> str:
-    host_name, path = host_name.replace("%", "%%"), path.replace("%", "%%")  # a printf format
-    return (f"the {role} config of {host_name} fails haproxy -c (%s); {path} and the running proxy "
-            "are left as they were")
+def refusal(host_name: str, path: str, role: str = "front door") -> tuple[str, str]:
+    """The sentence for a config haproxy -c refuses, as the text before and after haproxy's own
+    line (printed as text: never a printf format, so a % in the host name is a %)."""
+    return (f"the {role} config of {host_name} fails haproxy -c (",
+            f"); {path} and the running proxy are left as they were")
 
 
 def reads(path: str) -> tuple:
@@ -40,8 +41,8 @@ def configured(path: str, content: str, changed: set | None = None, haproxy: str
     if changed is not None:
         changed.add(path)
     q, tmp = shlex.quote, temp_path(path)
-    sentence = refusal(host.name, path, role)
-    validate = (f"if ! out=$({q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
+    before, after = refusal(host.name, path, role)
+    validate = (f"if ! out=$(timeout 30 {q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
                 f"why=$(printf '%s\\n' \"$out\" | grep -m1 -E 'ALERT|rror' | tr -d '\\r' | cut -c1-300); "
-                f"printf {q(sentence)}'\\n' \"${{why:-exit status non-zero}}\" >&2; exit 1; fi; ")
+                f"printf '%s%s%s\\n' {q(before)} \"${{why:-exit status non-zero}}\" {q(after)} >&2; exit 1; fi; ")
     yield from atomic_put(content, path, "0644", validate=validate)

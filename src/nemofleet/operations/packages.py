@@ -18,7 +18,8 @@ from pyinfra.api import StringCommand, operation
 
 from ..facts.packages import AptPackages
 from ..facts.prefetch import fact
-from . import atomic_put, reads_with
+from .. import shell
+from . import atomic_put, cmd, reads_with
 from .files import FilesDigest
 
 APT_UPDATE_TIMEOUT = 300  # seconds for one repository's lists
@@ -32,9 +33,9 @@ def apt_script(update: str, install_opts: str, names: str, update_failed: str, i
     (or its E: lines) and one sentence, and exits 1. A dpkg lock held by unattended-upgrades is
     waited for when `install_opts` has DPkg::Lock::Timeout (apt >= 1.9.11)."""
     return ("export DEBIAN_FRONTEND=noninteractive; "
-            f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; echo '{update_failed}' >&2; exit 1; }}; "
+            f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; {shell.say(update_failed)}; exit 1; }}; "
             f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q {install_opts} {names} 2>&1) || "
-            f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; echo '{install_failed}' >&2; exit 1; }}")
+            f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; {shell.say(install_failed)}; exit 1; }}")
 
 
 def dearmor(key: bytes) -> bytes:
@@ -91,7 +92,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         host.noop(f"{label} {version} is installed and held")
         return
     if gone:
-        yield StringCommand("rm", "-f", *gone)
+        yield cmd("rm", "-f", "--", *gone)
     for path in stale:
         yield from atomic_put(files[path], path, "0644")
     if wrong or (stale and source and source["list"] in stale):
@@ -112,7 +113,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
             f"apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)")))
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
-    yield StringCommand("apt-mark", "hold", *packages, ">/dev/null")
+    yield StringCommand(shell.join(["timeout", 120, "apt-mark", "hold", *packages]), ">/dev/null")
 
 
 def installed_reads(packages) -> tuple:

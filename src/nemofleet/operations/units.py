@@ -7,11 +7,16 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from .. import shell
 from ..facts.units import UnitStates
 from ..facts.prefetch import fact
-from . import reads_with
+from . import cmd, reads_with
 
 UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
+# the unit files nemofleet writes (paths.unit_path): the only names of the listing it acts on
+UNIT_NAME = r"nemofleet-vllm-[A-Za-z0-9_.-]{1,64}\.service"
+# systemctl talks to PID 1 over D-Bus; a wedged systemd must not hang the run
+SYSTEMCTL_TIMEOUT = 120
 
 # Restart the units without waiting for each start (they load in parallel), but return only once
 # every one of them has left its old process: a readiness check right after must not be answered
@@ -45,18 +50,19 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
     front door), a running unit whose file changed is not restarted here but added to the set:
     the deploy restarts it through the front door's drain, one at a time."""
     st = fact(*running_reads(units))
-    stale = sorted(set(st["files"]) - set(units))
+    # names read from the unit directory: only files of our own shape are stopped and removed
+    stale = sorted(set(shell.own_names(st["files"], UNIT_NAME)) - set(units))
     cmds, restart = [], []
     if stale:
-        cmds.append(StringCommand("systemctl", "disable", "--now", *stale))
-        cmds.append(StringCommand("rm", "-f", *[f"{unit_dir}/{u}" for u in stale]))
-        cmds.append(StringCommand("systemctl", "daemon-reload"))
+        cmds.append(cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "disable", "--now", "--", *stale))
+        cmds.append(cmd("rm", "-f", "--", *[f"{unit_dir}/{u}" for u in stale]))
+        cmds.append(cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "daemon-reload"))
     for u in units:
         s = st["units"].get(u, {"enabled": False, "active": False})
         if not s["enabled"]:
-            cmds.append(StringCommand("systemctl", "enable", u))
+            cmds.append(cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "enable", "--", u))
         if not s["active"]:
-            cmds.append(StringCommand("systemctl", "start", "--no-block", u))
+            cmds.append(cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "start", "--no-block", "--", u))
         elif changed and f"{unit_dir}/{u}" in changed:
             if deferred is not None:
                 deferred.add(u)
@@ -86,6 +92,6 @@ def enabled_and_active(unit: str):
         host.noop(f"{unit} enabled and active")
         return
     if not s["enabled"]:
-        yield StringCommand("timeout", "60", "systemctl", "enable", unit)
+        yield cmd("timeout", 60, "systemctl", "enable", "--", unit)
     if not s["active"]:
-        yield StringCommand("timeout", "120", "systemctl", "start", unit)
+        yield cmd("timeout", 120, "systemctl", "start", "--", unit)

@@ -10,7 +10,8 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from .. import paths
+from .. import paths, shell
+from . import cmd
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
 from . import reads_with
@@ -59,6 +60,21 @@ print(json.dumps({"sha": sha, "total": total, "need": need, "free": free}))
 '''
 
 
+# A download has no total bound (232 GB on a slow mirror is hours): it is stopped when its directory
+# has not grown for this long (no byte moved), the way rsync's --timeout bounds the peer copy.
+STALL_SECONDS = 600
+STALL_POLL = 15
+
+# stall_guard UNIT DIR SECONDS: while UNIT runs, stop it once DIR (the download's files and its
+# .incomplete parts) has not grown for SECONDS; returns 1 when it had to stop it.
+STALL_GUARD = (
+    "stall_guard() { last=-1; idle=0; while systemctl is-active -q \"$1\"; do "
+    "now=$(timeout 60 du -sb \"$2\" 2>/dev/null | cut -f1); "
+    "if [ \"$now\" = \"$last\" ]; then idle=$((idle + %(poll)d)); else idle=0; last=$now; fi; "
+    "if [ $idle -ge \"$3\" ]; then timeout 60 systemctl stop \"$1\"; return 1; fi; "
+    "sleep %(poll)d; done; return 0; }" % {"poll": STALL_POLL})
+
+
 def slug(directory: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
 
@@ -80,15 +96,17 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     # the peer's key is restricted to `rrsync -ro <models root>`: paths are relative to that root
     root = seed.get("root", "").rstrip("/")
     rel = directory[len(root) + 1:] if root and directory.startswith(root + "/") else directory
-    src = f"{seed.get('user', 'root')}@{seed['host']}:{rel}/"
+    seed_host = seed["host"]
+    src = f"{seed.get('user', 'root')}@{seed_host}:{rel}/"
     # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
     bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
     return [
         *(_wait_lines(seed, ssh, src, directory) if seed.get("wait") else ["ok=1"]),
         # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-        f"if [ $ok = 1 ] && rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete --exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}; "
-        f"then echo 'seeded {directory} from {seed['host']}'; "
-        f"else echo 'seeding from {seed['host']} failed; trying the next source, then the Hugging Face mirror' >&2; fi",
+        f"if [ $ok = 1 ] && rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
+        f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        f"then {shell.say(f'seeded {directory} from {seed_host}', err=False)}; "
+        f"else {shell.say(f'seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror')}; fi",
         # the peer's files count only when they are complete AND of this commit (HF metadata)
         f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
         "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
@@ -108,13 +126,15 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
     q = shlex.quote
     stall = int(seed["wait"])
     beat = q(f"{directory}/{WAITING}")
+    gone = f"source {seed['host']} has no verified copy and made no progress for {stall} s"
     return [
         f"ok=1; last=; idle=0; mkdir -p {q(directory + '/.cache')}; "
-        f"while ! rsync --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
-        f"now=$(rsync -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null | cksum); "
+        f"while ! rsync --timeout=60 --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
+        f"now=$(rsync --timeout=60 -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null | cksum); "
         "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + 10)); fi; "
-        f"if [ $idle -ge {stall} ]; then ok=0; echo 'source {seed['host']} has no verified copy and made no progress "
-        f"for {stall} s' >&2; break; fi; sleep 10; done; rm -f {beat}",
+        f"if [ $idle -ge {stall} ]; then ok=0; "
+        f"{shell.say(gone)}; "
+        f"break; fi; sleep 10; done; rm -f {beat}",
     ]
 
 
@@ -149,10 +169,13 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         run += [f"--env-file={token_file}"]
     run += envs + ["-v", f"{directory}:/download", "--entrypoint", "hf", image, "download", repo, *files,
                    "--revision", revision, "--local-dir", "/download"]
+    stalled = f"/run/{unit}.stalled"
     lines = [
         "set -e",
-        # a download from an earlier run may still be going (it survives SSH): wait for it
-        f"while systemctl is-active -q {unit}; do sleep 5; done",
+        STALL_GUARD,
+        # a download from an earlier run may still be going (it survives SSH): wait for it while it
+        # makes progress; one stalled for STALL_SECONDS is stopped (this run resumes its files)
+        shell.join(["stall_guard", unit, directory, STALL_SECONDS]) + " || true",
         *([link_script(link_from, directory, revision)] if link_from else []),
         f"mkdir -p {q(directory)}",
         *(seed_lines(seed, directory, revision) if seed else []),
@@ -163,9 +186,20 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
     ]
     for rel in cleanup:
         lines.append(f"rm -f {q(directory + '/' + rel)} {q(directory + '/.cache/huggingface/download/' + rel + '.metadata')}")
-    lines.append(
-        " ".join(q(w) for w in run) + " || { journalctl -u " + unit + " -n 15 --no-pager -o cat >&2; "
-        f"echo 'hf download of {repo}@{revision} failed (log above); the weights in {directory} were left as they are' >&2; exit 1; }}")
+    lines += [
+        shell.join(["rm", "-f", stalled]),
+        # the watchdog: no fd of this SSH session stays open in it, so the command ends with the download
+        "{ sleep 10; " + shell.join(["stall_guard", unit, directory, STALL_SECONDS]) + " || "
+        + shell.join(["touch", stalled]) + "; } </dev/null >/dev/null 2>&1 & guard=$!",
+        "rc=0; " + shell.join(run) + " || rc=$?",
+        "kill $guard 2>/dev/null || true",
+        "if [ -e " + shell.quote(stalled) + " ]; then rm -f " + shell.quote(stalled) + "; "
+        + shell.say(f"hf download of {repo}@{revision} made no progress for {STALL_SECONDS} s and was stopped; "
+                    f"run again to resume it") + "; fi",
+        "[ $rc -eq 0 ] || { " + shell.join(["journalctl", "-u", unit, "-n", "15", "--no-pager", "-o", "cat"])
+        + " >&2; " + shell.fail(f"hf download of {repo}@{revision} failed (log above); the weights in {directory} "
+                                 "were left as they are") + "; }",
+    ]
     return "\n".join(lines)
 
 
@@ -220,4 +254,6 @@ def pruned(directories: list[str]):
         host.noop("no unused weights directory")
         return
     for d in directories:
-        yield StringCommand("rm", "-rf", "--one-file-system", d)
+        # desired.unused_weights names only directories of our own host_dir_name shape; the path
+        # is still one quoted word, after `--`
+        yield cmd("rm", "-rf", "--one-file-system", "--", d)

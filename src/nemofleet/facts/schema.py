@@ -1,0 +1,151 @@
+"""The type of every HostFacts part, declared once: what a fact parser returns and what a facts
+file (`nemofleet plan --facts`) must hold.
+
+`part_problem(key, value)` is None for a value of the part's type, or one sentence naming the
+first place it is not (a string where a list is, null where a mapping is, a GPU without a uuid,
+a checkpoint config.json with a string where a number is). HostFacts.process and the facts-file
+reader call it, so a malformed part refuses that host in one sentence, never with a traceback
+further up.
+
+A spec is: a Python type (int and float exclude bool; numbers are finite), `Opt(spec)` (or
+null), `List(spec)`, `Map(value_spec)` (string keys), `Int(min, max)`, `Obj({key: spec})`
+(`?key` optional; other keys are allowed and ignored), or ANY.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..valuetypes import INT_MAX, is_number
+
+
+@dataclass(frozen=True)
+class Opt:
+    spec: object
+
+
+@dataclass(frozen=True)
+class List:
+    spec: object
+
+
+@dataclass(frozen=True)
+class Map:
+    spec: object
+
+
+@dataclass(frozen=True)
+class Int:
+    minimum: int = 0
+    maximum: int = INT_MAX
+
+
+@dataclass(frozen=True)
+class Obj:
+    fields: dict
+
+
+ANY = object()
+
+_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
+          list: "a list"}
+
+
+def _problem(value, spec, where: str) -> str | None:
+    if spec is ANY:
+        return None
+    if isinstance(spec, Opt):
+        return None if value is None else _problem(value, spec.spec, where)
+    if isinstance(spec, Int):
+        if isinstance(value, bool) or not isinstance(value, int) or not spec.minimum <= value <= spec.maximum:
+            return f"{where} is {value!r}, not an integer from {spec.minimum} to {spec.maximum}"
+        return None
+    if isinstance(spec, List):
+        if not isinstance(value, list):
+            return f"{where} is {_short(value)}, not a list"
+        for n, item in enumerate(value):
+            why = _problem(item, spec.spec, f"{where}[{n}]")
+            if why:
+                return why
+        return None
+    if isinstance(spec, Map):
+        if not isinstance(value, dict):
+            return f"{where} is {_short(value)}, not a mapping"
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where} has a key {k!r} that is not a string"
+            why = _problem(v, spec.spec, f"{where}[{k!r}]")
+            if why:
+                return why
+        return None
+    if isinstance(spec, Obj):
+        if not isinstance(value, dict):
+            return f"{where} is {_short(value)}, not a mapping"
+        for key, sub in spec.fields.items():
+            optional = key.startswith("?")
+            key = key.lstrip("?")
+            if key not in value:
+                if optional:
+                    continue
+                return f"{where} has no {key}"
+            why = _problem(value[key], sub, f"{where}.{key}")
+            if why:
+                return why
+        return None
+    if spec is float:
+        return None if is_number(value) else f"{where} is {_short(value)}, not a finite number"
+    if spec is int:
+        return _problem(value, Int(-INT_MAX, INT_MAX), where)
+    if isinstance(value, bool) and spec is not bool or not isinstance(value, spec):
+        return f"{where} is {_short(value)}, not {_NAMES.get(spec, spec.__name__)}"
+    return None
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+GPU = Obj({"index": Int(0, 1023), "uuid": str, "name": str, "memory_mib": Int(1, 2**31), "?cc": Opt(str),
+           "?bus_id": Opt(str), "?mig": Opt(str), "?persistence": Opt(str), "?driver": Opt(str)})
+
+# config.json fields the plan reads (ModelsOnDisk keeps only these): numbers are numbers
+CHECKPOINT_CONFIG = Obj({"?architectures": List(str), "?max_position_embeddings": Int(1, 2**31),
+                         "?num_key_value_heads": Int(1, 65536), "?head_dim": Int(1, 65536),
+                         "?hybrid_override_pattern": str, "?num_hidden_layers": Int(1, 65536),
+                         "?num_nextn_predict_layers": Int(0, 65536)})
+MODEL_DIR = Obj({"?total_size": Opt(Int(0, 10**15)), "?config": CHECKPOINT_CONFIG, "?complete": bool,
+                 "?revision": Opt(str),
+                 # the weights check's marker fast path, done by ModelsOnDisk (facts/weights.py)
+                 "?marker_ok": Obj({"present_bytes": Int(0, 10**15), "total_size": Opt(Int(0, 10**15)),
+                                    "incomplete_files": Int(0, 10**9)})})
+
+PARTS = {
+    "gpus": Obj({"?smi": bool, "?rc": Opt(int), "?error": Opt(str), "driver": Opt(str), "gpus": List(GPU)}),
+    "cuda": Opt(str),
+    "toolkit": Obj({"?version": Opt(str), "?hook": bool, "?runtime": bool, "?cdi_specs": List(str),
+                    "?cdi_refresh": bool}),
+    "docker": Obj({"?installed": bool, "?running": bool, "?server": Opt(str), "?cgroup_driver": Opt(str),
+                   "?cgroup_version": Opt(int), "?default_runtime": Opt(str), "?runtimes": List(str)}),
+    "daemon_json": Obj({"?exists": bool, "?text": str, "data": Opt(dict), "?error": Opt(str)}),
+    "cgroup": Opt(Int(1, 2)),
+    "os": Map(str),
+    "disk_free": Opt(Int(0, 2**62)),
+    "models": Map(MODEL_DIR),
+    "image": Opt(Obj({"?id": str, "?env": Map(str)})),
+    "release": Opt(Map(str)),
+    "gpu_access": Opt(str),
+    "lock": Opt(dict),
+    "addresses": Map(List(str)),
+    "rdma": List(str),
+}
+
+
+# not a part: what HostFacts.process adds, {part: sentence} of the parts it could not read
+ERRORS = Map(str)
+
+
+def part_problem(key: str, value) -> str | None:
+    """One sentence when `value` is not of HostFacts part `key`'s type (None when it is)."""
+    spec = ERRORS if key == "errors" else PARTS.get(key)
+    return None if spec is None else _problem(value, spec, key)

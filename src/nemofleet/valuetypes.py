@@ -1,0 +1,186 @@
+"""Value types that know their range: each `*_problem(value)` returns None for a value of the
+type, or the end of one sentence saying why not (the caller names the key).
+
+Parse, don't validate: settings.py, models.py and the fact parsers call these once, at the edge,
+and everything above them reads values that already have the type. Nothing here imports the
+rest of nemofleet (it sits below settings, models and facts).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# The largest integer any setting or model figure may hold: beyond shell arithmetic's 2**63 and
+# systemd's usec counters, a value is a typo, never a plan.
+INT_MAX = 2**53
+
+
+def is_int(value) -> bool:
+    """An integer that is not a bool (True is an int to Python, never to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """A finite int or float that is not a bool: NaN and inf pass every `<` and `>` check, so they
+    are refused here, once."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value)
+
+
+def int_problem(value, minimum: int | None = None, maximum: int | None = None) -> str | None:
+    if not is_int(value):
+        return f"must be an integer, not {value!r}"
+    if minimum is not None and value < minimum:
+        return f"{value!r} must be at least {minimum}"
+    if value > (INT_MAX if maximum is None else maximum):
+        return f"{value!r} must be at most {INT_MAX if maximum is None else maximum}"
+    return None
+
+
+def number_problem(value, minimum: float | None = None, maximum: float | None = None) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be a number, not {value!r}"
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if minimum is not None and value < minimum:
+        return f"{value!r} must be at least {minimum:g}"
+    if maximum is not None and value > maximum:
+        return f"{value!r} must be at most {maximum:g}"
+    return None
+
+
+def port_problem(value) -> str | None:
+    if not is_int(value) or not 0 < value < 65536:
+        return f"{value!r} is not a TCP port (1-65535)"
+    return None
+
+
+def text_problem(value) -> str | None:
+    """A one-line string (no control character: a newline would start a new cron line, unit
+    directive, HAProxy statement or env-file variable)."""
+    if not isinstance(value, str):
+        return f"must be a string, not {value!r}"
+    if _CONTROL.search(value):
+        return f"{value!r} has a control character (newline, tab...)"
+    return None
+
+
+# ---------------------------------------------------------------------------- addresses
+
+
+def ip_problem(value) -> str | None:
+    """An IPv4 or IPv6 address without a scope id: Python's ipaddress accepts `fe80::1%<any text
+    but / and %>`, and that text would reach a URL, a docker -p or an HAProxy line."""
+    if not isinstance(value, str):
+        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
+    if "%" in value:
+        return f"{value!r} has an IPv6 scope id (%...); give the address alone"
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
+    return None
+
+
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+DNS_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+
+def host_problem(value) -> str | None:
+    """An IP address (no scope id) or a DNS host name (RFC 1123 labels, 253 characters at most)."""
+    if isinstance(value, str) and ip_problem(value) is None:
+        return None
+    if isinstance(value, str) and "%" not in value and len(value) <= 253 and DNS_NAME.fullmatch(value):
+        return None
+    return f"{value!r} is not an IP address or a host name"
+
+
+def network_problem(value) -> str | None:
+    if not isinstance(value, str) or "%" in value:
+        return f"{value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return f"{value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+    return None
+
+
+# ---------------------------------------------------------------------------- cron
+
+# (name, lowest, highest) of the five fields of a crontab(5) schedule; weekday 7 is Sunday too
+CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
+               ("day of week", 0, 7))
+CRON_KEYWORDS = ("@hourly", "@daily", "@weekly", "@monthly")
+_CRON_ITEM = re.compile(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?")
+
+
+def cron_problem(value) -> str | None:
+    """A schedule cron runs: five fields, each a comma list of `*`, `N` or `N-M`, optionally `/S`,
+    every number inside its field's range and every step at least 1 (cron skips a line with
+    `99 99 99 99 99` or `*/0` in it: a health check that never runs)."""
+    if not isinstance(value, str):
+        return f"must be a cron schedule string, not {value!r}"
+    if value in CRON_KEYWORDS:
+        return None
+    fields = value.split(" ")
+    if len(fields) != 5:
+        return (f"{value!r} is not a cron schedule: five fields separated by one space "
+                f"(minute hour day-of-month month day-of-week) or one of {', '.join(CRON_KEYWORDS)}")
+    for text, (name, low, high) in zip(fields, CRON_FIELDS):
+        for item in text.split(","):
+            m = _CRON_ITEM.fullmatch(item)
+            if not m:
+                return f"{value!r}: {name} field {text!r} is not `*`, N, N-M or either with /STEP"
+            a, b, step = m.group(2), m.group(3), m.group(4)
+            for n in (a, b):
+                if n is not None and not low <= int(n) <= high:
+                    return f"{value!r}: {name} {int(n)} is outside {low}-{high}"
+            if a is not None and b is not None and int(a) > int(b):
+                return f"{value!r}: {name} range {a}-{b} runs backwards"
+            if step is not None and not 1 <= int(step) <= high:
+                return f"{value!r}: {name} step /{int(step)} must be from 1 to {high}"
+    return None
+
+
+# ---------------------------------------------------------------------------- Hub names
+
+# huggingface_hub's own rule for repo ids (utils/_validators.py, validate_repo_id): `org/name`,
+# letters, digits, `-`, `_`, `.`; neither `--` nor `..`; no leading or trailing `-` or `.`;
+# 96 characters at most.
+_HUB_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+REPO_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")
+
+
+def repo_problem(value) -> str | None:
+    if not isinstance(value, str) or not REPO_ID.fullmatch(value) or "--" in value or ".." in value \
+            or len(value) > 96:
+        return (f"{value!r} is not a Hugging Face repo id (org/name: letters, digits, '-', '_', '.', "
+                "no '--' or '..', at most 96 characters)")
+    return None
+
+
+_REF_PART = r"[A-Za-z0-9_+-]([A-Za-z0-9_.+-]*[A-Za-z0-9_+-])?"
+REVISION = re.compile(rf"{_REF_PART}(/{_REF_PART})*")
+
+
+def revision_problem(value) -> str | None:
+    """A branch, tag or commit as git names them (git-check-ref-format(1), narrowed): components of
+    letters, digits, `_ + - .` joined by single `/`; no `..`, no leading `/`, `-` or `.`, no
+    `.lock` ending, no control character; 255 characters at most."""
+    if (not isinstance(value, str) or not REVISION.fullmatch(value) or ".." in value or value.startswith("-")
+            or value.endswith(".lock") or len(value) > 255):
+        return (f"{value!r} is not a branch, tag or commit (letters, digits, '_', '+', '-', '.' in parts "
+                "joined by '/'; no '..', no leading '/' or '-')")
+    return None
+
+
+def file_name_problem(value) -> str | None:
+    """One file name in a directory: no `/`, not `.` or `..`, no leading `-` or `.`."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
+        return f"{value!r} is not a plain file name (letters, digits, '_', '.', '+', '-')"
+    return None
