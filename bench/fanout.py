@@ -21,7 +21,8 @@ hosts are otherwise converged, as after a release of a new model commit). Then a
 of the same hosts with this checkout and with the main checkout (BENCH_MAIN_ROOT, /work/main):
 controller CPU and each host's own CPU (its container's cgroup: sshd, its dockerd and docker CLI,
 python, the simulated GPU tools, whose share is measured apart). Results: bench/results/fanout.json
-and a table. BENCH_FAN_KEEP=1 keeps the testbed up afterwards.
+and a table. BENCH_FAN_KEEP=1 keeps the testbed up afterwards. BENCH_FAN_KILL=1 runs only the
+killed-source drill (killed_source: 3 hosts, a source's rsync senders killed mid-copy).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from nemofleet import testbed  # noqa: E402
 from nemofleet.models import host_dir_name  # noqa: E402
 from nemofleet.testbed import tinymodel  # noqa: E402
+from nemofleet.facts.weights import CHECK_SCRIPT as CHECK  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 INVENTORY = "inventories/testbed.py"
@@ -232,7 +234,77 @@ def noop_ab(hosts: list[str], sha: str) -> dict:
     return out
 
 
+def senders(host: str) -> list[int]:
+    """PIDs of the rsync senders serving a weights copy on `host` (processes this bench's rollout
+    started there, found by their command line and ended by PID)."""
+    out = on(host, "ps -eo pid=,args=").stdout.splitlines()
+    return [int(ln.split()[0]) for ln in out if "rsync --server --sender" in ln]
+
+
+def killed_source(sha: str) -> dict:
+    """3 hosts, fan-out on, each copy bounded to 20 MB/s (weights_peer_bwlimit) so it can be hit
+    mid-copy: once a copy from fan-1 is under way, every rsync sender on fan-1 is killed. The
+    hosts that copied from fan-1 go on to their next source (a spare, which may still be fetching:
+    waited for) or the origin; every copy must still end verified and nothing half-written marked."""
+    import threading
+
+    from nemofleet.fleet import rollout
+
+    hosts = ["fan-1", "fan-2", "fan-3"]
+    wdir = f"{MODELS}/{host_dir_name(testbed.MODEL_REPO, sha)}"
+    for h in hosts:
+        on(h, f"rm -rf '{wdir}' '{wdir}.nemofleet-link'")
+    set_rate(None)
+    before = mirror_bytes(sha)
+    killed: list = []
+
+    def killer():
+        deadline = time.time() + 600
+        while time.time() < deadline and not killed:
+            pids = senders("fan-1")
+            got = max((int(on(h, f"du -sb '{wdir}' 2>/dev/null | cut -f1").stdout.strip() or 0) for h in hosts[1:]),
+                      default=0)
+            if pids and got > 200e6:
+                for pid in pids:
+                    on("fan-1", f"kill {pid}")
+                killed.append({"pids": pids, "bytes_copied_when_killed": got})
+            time.sleep(1)
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}
+    lines: list[str] = []
+    t0 = time.monotonic()
+    o = rollout.rollout(INVENTORY, batch="100%", window=600, limit=hosts, log=lines.append,
+                        data={"model": json.dumps(model), "weights_peer_bwlimit": "20M"})
+    wall = time.monotonic() - t0
+    t.join(timeout=5)
+    verified = [h for h in hosts if on(h, f"grep -qs '\"revision\": \"{sha}\"' '{wdir}/.nemofleet-complete'").returncode == 0]
+    checked = [h for h in hosts if '"complete": true' in on(h, f"python3 -c {shlex_quote(CHECK)} '{wdir}' '{sha}' check").stdout]
+    r = {"hosts": 3, "killed": killed, "time_to_serving_s": round(wall, 1), "origin_bytes": mirror_bytes(sha) - before,
+         "ok": o.ok, "verified": len(verified), "complete_by_recheck": len(checked),
+         "results": {x.host: x.result for x in o.results},
+         "tree": [ln.strip() for ln in lines if ln.strip().startswith("weights:")]}
+    log(json.dumps(r))
+    return r
+
+
+def shlex_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
 def main() -> int:
+    if os.environ.get("BENCH_FAN_KILL") == "1":  # only the killed-source run
+        os.chdir(ROOT)
+        ensure(3)
+        sha, weight_bytes = big_model(float(os.environ.get("BENCH_FAN_GB", "1.1")))
+        r = killed_source(sha)
+        (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+        (ROOT / "bench" / "results" / "fanout-killed.json").write_text(json.dumps({**r, "model_bytes": weight_bytes}, indent=2))
+        if os.environ.get("BENCH_FAN_KEEP") != "1":
+            testbed.down()
+        return 0
     sizes = [int(x) for x in os.environ.get("BENCH_FAN_SIZES", "8,4,1").split(",")]
     gb = float(os.environ.get("BENCH_FAN_GB", "1.1"))
     rate = int(float(os.environ.get("BENCH_FAN_RATE", "50e6")))

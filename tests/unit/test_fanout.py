@@ -105,7 +105,8 @@ def test_settings_and_the_seed_list_reach_rsync_with_the_bound():
     seed = seed_sources(s)
     assert [x["host"] for x in seed] == ["a", "b"] and all(x["bwlimit"] == "200M" for x in seed)
     lines = seed_lines(seed, "/srv/nemofleet/models/m@c", "c" * 40)
-    assert len(lines) == 6 and "root@a:m@c/" in lines[1] and "root@b:m@c/" in lines[4]
+    assert len(lines) == 7 and "root@a:m@c/" in lines[1] and "root@b:m@c/" in lines[4]
+    assert "os.unlink" in lines[6]  # no peer had it: half-written files are removed before hf download
     assert "--bwlimit=200M" in lines[1] and "-p 2222" in lines[4] and "list-only" not in " ".join(lines)
     waiting = seed_lines([{"host": "a", "wait": 30, "root": "/srv/nemofleet/models"}], "/srv/nemofleet/models/m@c", "c" * 40)
     assert "rsync --timeout=60 --list-only" in waiting[0] and "root@a:m@c/.nemofleet-complete" in waiting[0] and "-ge 30 ]" in waiting[0]

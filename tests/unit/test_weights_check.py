@@ -120,4 +120,8 @@ def test_a_killed_source_is_replaced_and_a_half_copy_never_marked(tmp_path):
         assert ("no download needed" in r.stdout) == resumed and ("on to hf download" in r.stdout) != resumed
         assert not os.path.exists(os.path.join(dest, ".nemofleet-complete"))  # the copy never marks itself
         rc, out, _ = check(dest, sha, "write")  # the weights operation's check runs on arrival
-        assert (rc == 0 and out["marker"]) if resumed else (rc == 1 and out["truncated"])
+        # no source had it: the half-written shard (and its copied metadata) is gone, so that
+        # `hf download` fetches it instead of trusting the metadata
+        assert (rc == 0 and out["marker"]) if resumed else (
+            rc == 1 and out["missing"] == ["model-00002-of-00002.safetensors"] and not out["truncated"]
+            and not os.path.exists(os.path.join(dest, ".cache/huggingface/download/model-00002-of-00002.safetensors.metadata")))

@@ -84,9 +84,12 @@ def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
     fall back to the mirror. The completion marker is not copied: this host verifies itself.
     Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
     one copy is complete and of this commit; each resumes what the one before left (--partial)."""
-    if isinstance(seed, list):
-        return [line for peer in seed for line in _seed_lines(peer, directory, revision)]
-    return _seed_lines(seed, directory, revision)
+    peers = seed if isinstance(seed, list) else [seed]
+    q = shlex.quote
+    return [line for peer in peers for line in _seed_lines(peer, directory, revision)] + [
+        # no peer had it: a file a copy left half-written (its metadata copied with it) is removed,
+        # so that `hf download` fetches it rather than trusting the metadata
+        f"{{ {check_command(directory, revision, 'check')} 2>/dev/null | python3 -c {q(UNLINK_TRUNCATED)} {q(directory)}; }} || true"]
 
 
 def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
@@ -138,6 +141,13 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
     ]
 
 
+# Reads the weights check's JSON on stdin: every file it found truncated is unlinked with its
+# huggingface_hub metadata, so `hf download` fetches it again instead of trusting the metadata.
+UNLINK_TRUNCATED = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
+                    "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
+                    "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
+
+
 def link_script(source: str, directory: str, revision: str) -> str:
     """Hard-link a copy of `source` to `directory` (no extra disk; huggingface_hub replaces a file
     it downloads, so the source keeps its own; its metadata, which it rewrites in place, is copied),
@@ -145,9 +155,7 @@ def link_script(source: str, directory: str, revision: str) -> str:
     fails the offline check (edited in place since) is unlinked again, so `hf download` fetches it."""
     q = shlex.quote
     tmp = directory + ".nemofleet-link"
-    unlink_bad = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
-                  "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
-                  "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
+    unlink_bad = UNLINK_TRUNCATED
     # huggingface_hub rewrites its metadata files in place: those are copied, never linked
     return (f"if [ ! -e {q(directory)} ]; then rm -rf {q(tmp)}; cp -al {q(source)} {q(tmp)} && "
             f"rm -rf {q(tmp + '/.cache')} && {{ [ ! -d {q(source + '/.cache')} ] || cp -a {q(source + '/.cache')} {q(tmp + '/.cache')}; }} && "
