@@ -246,8 +246,6 @@ def killed_source(sha: str) -> dict:
     mid-copy: once a copy from fan-1 is under way, every rsync sender on fan-1 is killed. The
     hosts that copied from fan-1 go on to their next source (a spare, which may still be fetching:
     waited for) or the origin; every copy must still end verified and nothing half-written marked."""
-    import threading
-
     from nemofleet.fleet import rollout
 
     hosts = ["fan-1", "fan-2", "fan-3"]
@@ -256,31 +254,29 @@ def killed_source(sha: str) -> dict:
         on(h, f"rm -rf '{wdir}' '{wdir}.nemofleet-link'")
     set_rate(None)
     before = mirror_bytes(sha)
-    killed: list = []
-
-    def killer():
-        deadline = time.time() + 600
-        while time.time() < deadline and not killed:
-            pids = senders("fan-1")
-            got = max((int(on(h, f"du -sb '{wdir}' 2>/dev/null | cut -f1").stdout.strip() or 0) for h in hosts[1:]),
-                      default=0)
-            if pids and got > 200e6:
-                for pid in pids:
-                    on("fan-1", f"kill {pid}")
-                killed.append({"pids": pids, "bytes_copied_when_killed": got})
-            time.sleep(1)
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    # the killer is a shell loop of its own (no thread in this process: pyinfra's gevent patches
+    # threading on import); it ends, by PID, every rsync sender on fan-1 once a copy passed 200 MB
+    c1, c2, c3 = (testbed.container(h) for h in hosts)
+    script = (f"end=$(( $(date +%s) + 600 )); while [ $(date +%s) -lt $end ]; do "
+              f"pids=$(docker exec {c1} ps -eo pid=,args= | awk '/rsync --server --sender/ {{print $1}}'); "
+              f"got=$( (docker exec {c2} du -sb '{wdir}'; docker exec {c3} du -sb '{wdir}') 2>/dev/null "
+              "| awk 'BEGIN {m = 0} $1 > m {m = $1} END {print m}'); "
+              "if [ -n \"$pids\" ] && [ \"$got\" -gt 200000000 ]; then "
+              f"for p in $pids; do docker exec {c1} kill $p; done; echo \"killed $pids at $got\"; exit 0; fi; "
+              "sleep 1; done")
+    killer = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
     model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}
     lines: list[str] = []
     t0 = time.monotonic()
     o = rollout.rollout(INVENTORY, batch="100%", window=600, limit=hosts, log=lines.append,
                         data={"model": json.dumps(model), "weights_peer_bwlimit": "20M"})
     wall = time.monotonic() - t0
-    t.join(timeout=5)
+    if killer.poll() is None:
+        killer.terminate()
+    killed = (killer.communicate()[0] or "").strip()
     verified = [h for h in hosts if on(h, f"grep -qs '\"revision\": \"{sha}\"' '{wdir}/.nemofleet-complete'").returncode == 0]
     checked = [h for h in hosts if '"complete": true' in on(h, f"python3 -c {shlex_quote(CHECK)} '{wdir}' '{sha}' check").stdout]
-    r = {"hosts": 3, "killed": killed, "time_to_serving_s": round(wall, 1), "origin_bytes": mirror_bytes(sha) - before,
+    r = {"hosts": 3, "killed": killed or "nothing (no copy from fan-1 passed 200 MB)", "time_to_serving_s": round(wall, 1), "origin_bytes": mirror_bytes(sha) - before,
          "ok": o.ok, "verified": len(verified), "complete_by_recheck": len(checked),
          "results": {x.host: x.result for x in o.results},
          "tree": [ln.strip() for ln in lines if ln.strip().startswith("weights:")]}
