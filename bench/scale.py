@@ -9,8 +9,11 @@ no-op re-run of its first N hosts (`pyinfra -y inventories/testbed.py deploys/ne
 BENCH_REPS times: median wall time, controller CPU (user+sys of the pyinfra process), the whole
 machine's busy CPU over the run (/proc/stat; the rest is the hosts' own work: their sshd, docker
 CLI, simulated nvidia-smi, plus anything else running on the machine), the 1-minute load average
-before the run, and remote commands per host (from a -vv run). Results: bench/results/scale.json
-and a table. BENCH_KEEP=1 keeps the testbed up afterwards.
+before the run, remote commands per host (from a -vv run), each light host's own CPU (its
+container's cgroup: sshd, shells, docker CLI, python, simulated GPU tools) with the simulated GPU
+tools' share measured apart and left out, and the shared engine's dockerd CPU per host (the light
+hosts' docker calls are served there). Results: bench/results/scale.json and a table.
+BENCH_KEEP=1 keeps the testbed up afterwards.
 """
 from __future__ import annotations
 
@@ -63,10 +66,48 @@ def quiet(window: float = 2.0, wait: float = 90.0) -> float:
             return round(busy, 2)
 
 
+def container_cpu(names: list[str]) -> dict[str, float]:
+    """CPU seconds each container has used so far (its cgroup: every process of a light host, its
+    sshd, shells, docker CLI, python and simulated GPU tools; cgroup v1 cpuacct or v2 cpu.stat)."""
+    ids = subprocess.run(["docker", "inspect", "-f", "{{.Name}} {{.Id}}", *names], capture_output=True,
+                         text=True).stdout.split("\n")
+    out = {}
+    for line in ids:
+        if not line.strip():
+            continue
+        name, cid = line.strip().lstrip("/").split()
+        for path, scale_ in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
+                             (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
+            try:
+                text = open(path).read()
+            except OSError:
+                continue
+            value = int(text.split()[0]) if path.endswith("usage") else int(text.split()[1])  # usage_usec first
+            out[name] = value * scale_
+            break
+    return out
+
+
+def gpu_tools_cpu(host: str, reps: int = 10) -> float:
+    """CPU seconds of the simulated GPU tools' share of one no-op (the GPU parts of HostFacts, run
+    `reps` times on `host`), measured apart so that the per-host figure leaves them out."""
+    from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
+
+    cmds = [f.command() if callable(f.command) else f.command for f in (NvidiaGpus(), NvidiaCudaVersion(),
+                                                                        ContainerToolkit())]
+    script = "for i in $(seq %d); do %s; done >/dev/null 2>&1" % (reps, "; ".join(f"( {c} )" for c in cmds))
+    name = testbed.container(host)
+    before = container_cpu([name]).get(name, 0.0)
+    subprocess.run(["docker", "exec", name, "sh", "-c", script], capture_output=True)
+    return (container_cpu([name]).get(name, 0.0) - before) / reps
+
+
 def noop(hosts: list[str], verbose: bool = False) -> dict:
     env = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(hosts))
     busy_before = quiet()
     load = load1()
+    names = [testbed.container(h) for h in hosts] + [scale.ENGINE]
+    host_cpu = container_cpu(names)
     before, machine = resource.getrusage(resource.RUSAGE_CHILDREN), busy_cpu()
     t0 = time.monotonic()
     p = subprocess.run([PYINFRA, "-y", *(["-vv"] if verbose else []), "inventories/testbed.py", "deploys/nemotron.py"],
@@ -74,11 +115,16 @@ def noop(hosts: list[str], verbose: bool = False) -> dict:
     wall = time.monotonic() - t0
     machine = busy_cpu() - machine
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    host_after = container_cpu(names)
+    spent = {k: host_after.get(k, 0.0) - v for k, v in host_cpu.items()}
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = p.stdout + p.stderr
     grand = re.search(r"Grand total\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)", out)
     r = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "machine_cpu_s": round(machine, 2), "load1_before": load, "busy_cores_before": busy_before,
-         "rc": p.returncode, "changed": bool(grand and grand.group(2) != "-"), "errors": bool(grand and grand.group(3) != "-")}
+         "rc": p.returncode, "changed": bool(grand and grand.group(2) != "-"), "errors": bool(grand and grand.group(3) != "-"),
+         # every light host's own CPU (mean per host), and the shared engine's dockerd (their docker calls)
+         "host_cpu_per_host_s": round(sum(v for k, v in spent.items() if k != scale.ENGINE) / len(hosts), 3),
+         "engine_cpu_s": round(spent.get(scale.ENGINE, 0.0), 2)}
     if verbose:
         count: dict[str, int] = {}
         for line in out.splitlines():
@@ -119,6 +165,7 @@ def main() -> int:
            "testbed": "light scale hosts (nemofleet.testbed.scale): own systemd, sshd, cron, simulated GPU tools; "
                       "containers in one shared engine", "sizes": {}}
     noop(hosts[:1])  # warm the page cache and the controller's byte-compiled files
+    out["gpu_tools_cpu_per_host_s"] = round(gpu_tools_cpu(hosts[0]), 3)
     for n in sizes:
         runs = [noop(hosts[:n]) for _ in range(reps)]
         counted = noop(hosts[:n], verbose=True)
@@ -126,6 +173,10 @@ def main() -> int:
             "noop_wall_s": statistics.median(r["wall_s"] for r in runs),
             "noop_cpu_s": statistics.median(r["cpu_s"] for r in runs),
             "machine_cpu_s": statistics.median(r["machine_cpu_s"] for r in runs),
+            "host_cpu_per_host_s": statistics.median(r["host_cpu_per_host_s"] for r in runs),
+            "host_cpu_per_host_without_gpu_tools_s": round(statistics.median(r["host_cpu_per_host_s"] for r in runs)
+                                                           - out["gpu_tools_cpu_per_host_s"], 3),
+            "engine_cpu_per_host_s": round(statistics.median(r["engine_cpu_s"] for r in runs) / n, 3),
             "load1_before": [r["load1_before"] for r in runs],
             "busy_cores_before": [r["busy_cores_before"] for r in runs],
             "changed": any(r["changed"] or r["errors"] or r["rc"] for r in runs + [counted]),
@@ -135,6 +186,9 @@ def main() -> int:
     out["ratio_20_over_5"] = round(out["sizes"]["20"]["noop_wall_s"] / out["sizes"]["5"]["noop_wall_s"], 2) \
         if "20" in out["sizes"] and "5" in out["sizes"] else None
     out["ratio_max_over_min"] = round(hi["noop_wall_s"] / lo["noop_wall_s"], 2)
+    if "20" in out["sizes"] and "5" in out["sizes"]:  # what each added host costs the controller
+        out["controller_cpu_per_added_host_s"] = round((out["sizes"]["20"]["noop_cpu_s"]
+                                                        - out["sizes"]["5"]["noop_cpu_s"]) / 15, 3)
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "scale.json").write_text(json.dumps(out, indent=2))
     print(table(out))
@@ -145,14 +199,21 @@ def main() -> int:
 
 def table(out: dict) -> str:
     lines = [f"controller scale, no-op re-run, {out['date']}, {out['machine']}, {out['testbed']}", "",
-             "| hosts | no-op wall | controller CPU | machine CPU (all processes) | remote commands per host | "
-             "cores busy before (2 s) | load (1 min) before |",
-             "|---|---|---|---|---|---|---|"]
+             "| hosts | no-op wall | controller CPU | machine CPU (all processes) | host CPU per host (without "
+             "GPU tools) | shared dockerd per host | remote commands per host | cores busy before (2 s) | "
+             "load (1 min) before |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for n, r in out["sizes"].items():
         c = r["remote_commands_per_host"]
         lines.append(f"| {n} | {r['noop_wall_s']:.2f} s | {r['noop_cpu_s']:.2f} s | {r['machine_cpu_s']:.2f} s | "
+                     f"{r['host_cpu_per_host_s']:.3f} s ({r['host_cpu_per_host_without_gpu_tools_s']:.3f} s) | "
+                     f"{r['engine_cpu_per_host_s']:.3f} s | "
                      f"{c.get('max', '?')} | {', '.join(f'{x:.2f}' for x in r['busy_cores_before'])} | "
                      f"{', '.join(f'{x:.2f}' for x in r['load1_before'])} |")
+    lines.append(f"\nsimulated GPU tools per no-op (measured apart): {out['gpu_tools_cpu_per_host_s']:.3f} s per host")
+    if out.get("controller_cpu_per_added_host_s") is not None:
+        lines.append(f"controller CPU per added host ((CPU at 20 - CPU at 5) / 15): "
+                     f"{out['controller_cpu_per_added_host_s']:.3f} s")
     if out.get("ratio_20_over_5"):
         lines.append(f"\n20-host / 5-host no-op wall: {out['ratio_20_over_5']}")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
 """
 import os
 
-from nemofleet.testbed import read_state, testbed_dir
+from nemofleet.testbed import container, read_state, testbed_dir
 
 _state = read_state()
 if not _state.get("hosts"):
@@ -34,6 +34,8 @@ for _name, _h in _state["hosts"].items():
         "ssh_key": _state["key"],
         "ssh_known_hosts_file": str(testbed_dir() / "known_hosts"),
         "ssh_strict_host_key_checking": "accept-new",
+        # the test hosts reach each other by container name (the weights fan-out's rsync, docs/fanout.md)
+        "weights_peer_address": container(_name),
         **(_h.get("data") or {}),  # per-host data of its profile (e.g. bare-1 installs the driver)
     }))
 

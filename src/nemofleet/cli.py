@@ -73,8 +73,12 @@ def cmd_plan(a) -> int:
                                                                        if h in facts})[0] or {}
         facts = {h: dict(f, commits=commits[h]) if h in commits and isinstance(f, dict) else f for h, f in facts.items()}
     result, rc = {}, 0
+    fan = _plan_fanout(datas, facts)
     for name, data in datas.items():
         f = facts.get(name)
+        seeds = fan.seed_from(name, {h: d.get("weights_peer_address") or h for h, d in datas.items()})
+        if seeds:  # as a rollout of these hosts would hand it over (docs/fanout.md)
+            data = {**data, "weights_seed_from": seeds}
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
             result[name] = {"refused": [why], "warnings": []}
@@ -113,7 +117,27 @@ def cmd_plan(a) -> int:
 
         for line in lines(p):
             print(f"   {line}")
+    if fan.copies:
+        print("== weights fan-out (as `nemofleet rollout --batch 100%` of these hosts; docs/fanout.md)")
+        for line in fan.lines():
+            print(f"   {line}")
     return rc
+
+
+def _plan_fanout(datas: dict, facts: dict):
+    """Who would copy the weights from whom in a rollout of these hosts: the holders are the hosts
+    whose facts show the model's directory complete."""
+    from . import fanout, inputs
+    from .models import host_dir_name
+
+    wants = {h: fanout.wanted(d, inputs.read_secrets(d)) for h, d in datas.items() if isinstance(facts.get(h), dict)}
+    holders = {}
+    for h, k in wants.items():
+        models = facts[h].get("models")
+        meta = models.get(host_dir_name(*k)) if k and isinstance(models, dict) else None
+        if isinstance(meta, dict) and meta.get("complete") is True:
+            holders[h] = {k}
+    return fanout.decide([list(wants)], wants, holders)
 
 
 def _peer_facts(member: str, facts, from_file: bool):

@@ -20,7 +20,7 @@ from . import settings as settings_mod
 from . import inputs
 from .desired import Desired, decide
 from .inputs import HostInputs
-from .facts.host import HostFacts
+from .facts.host import HostFacts, known_reads
 from .facts import prefetch
 from .facts.weights import HubCommit
 from .operations import daemon_json, docker, files, frontdoor, gpu_access, packages, preflight, units, weights
@@ -37,9 +37,15 @@ def data(of=None) -> dict:
     return {k: h.data.get(k) for k in keys}
 
 
-def _host_facts(h, d: dict) -> dict:
-    """HostFacts of host `h`, read for the image it will really pull (after the registry rewrite)."""
-    return h.get_fact(HostFacts, **inputs.facts_args(d))
+def _host_facts(h, d: dict, own: bool = False) -> dict:
+    """HostFacts of host `h`, read for the image it will really pull (after the registry rewrite).
+    What the operations will ask for again (daemon.json, the image, a verified weights marker) is
+    handed to the batched read of this run, which then does not read it twice (facts/prefetch.py)."""
+    args = inputs.facts_args(d)
+    facts = h.get_fact(HostFacts, **args)
+    if own and isinstance(facts, dict):  # this host's (a serving group peer's are its own run's)
+        prefetch.known(known_reads(facts, **args))
+    return facts
 
 
 def group_peers(d: dict) -> tuple[dict | None, dict | None]:
@@ -77,7 +83,7 @@ def host_inputs() -> HostInputs:
     commits of unpinned revisions (asked from the host), the serving group's peers, the
     secrets from the controller, the lock token of this run, the host's groups."""
     d = data()
-    facts = _host_facts(host, d)
+    facts = _host_facts(host, d, own=True)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
                         for e, r, v in inputs.to_resolve(d)}

@@ -229,12 +229,23 @@ def unused_weights(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
     return [f"{root}/{n}" for n in sorted(names) if n not in keep]
 
 
-def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> list[Download]:
+def seed_sources(s: settings_mod.Settings) -> dict | list | None:
+    """weights_seed_from as the weights operation takes it: one peer (a mapping), or several
+    (a list, tried in order: what the fleet fan-out hands a host, docs/fanout.md), each with the
+    models root (rrsync on the peer serves paths below it) and the copy's bandwidth bound."""
     seed = s["weights_seed_from"]
-    if isinstance(seed, str):
-        seed = {"host": seed}
-    if seed:
-        seed = {**seed, "root": s["models_root"]}  # rrsync on the peer serves paths below this root
+    if not seed:
+        return None
+    extra = {"root": s["models_root"]}
+    if s["weights_peer_bwlimit"] is not None:
+        extra["bwlimit"] = str(s["weights_peer_bwlimit"])
+    peers = [{"host": x} if isinstance(x, str) else dict(x) for x in (seed if isinstance(seed, list) else [seed])]
+    peers = [{**x, **extra} for x in peers]
+    return peers if isinstance(seed, list) else peers[0]
+
+
+def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> list[Download]:
+    seed = seed_sources(s)
     on_disk = facts.get("models") or {}
     return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
                      token_file=paths.HF_ENV if secrets.get("hf_token") else None,
@@ -399,6 +410,12 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.image = p.image
     d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
     d.downloads = downloads(s, p, secrets, facts)
+    seed = seed_sources(s)
+    if seed and any(not (facts.get("models") or {}).get(x.directory.rsplit("/", 1)[-1], {}).get("complete")
+                    for x in d.downloads):
+        peers = [x["host"] for x in (seed if isinstance(seed, list) else [seed])]
+        d.warnings.append(f"weights: copied from {', then '.join(peers)} (rsync over SSH, verified here), "
+                          "then the mirror if no peer has them")
     d.prune = unused_weights(s, p, facts)
     hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
             if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")

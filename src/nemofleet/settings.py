@@ -158,11 +158,16 @@ def _gpu_refs(value) -> str | None:
 def _seed(value) -> str | None:
     if value is None:
         return None
+    if isinstance(value, list):
+        # several peers, tried in order (then the mirror): what the fleet fan-out hands a host
+        if not 1 <= len(value) <= 8:
+            return "must list 1 to 8 peers (tried in order, then the mirror)"
+        return next((f"entry {v!r} {why}" for v in value for why in [_seed(v)] if why), None)
     if isinstance(value, str):
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
-        return "must be a peer host name or {host, user, port, key}"
-    extra = sorted(map(str, set(value) - {"host", "user", "port", "key"}))
+        return "must be a peer host name or {host, user, port, key, wait}"
+    extra = sorted(map(str, set(value) - {"host", "user", "port", "key", "wait"}))
     if extra:
         return f"has unknown keys {', '.join(extra)}"
     if value.get("user") is not None and not (isinstance(value["user"], str)
@@ -173,6 +178,10 @@ def _seed(value) -> str | None:
     key = value.get("key")
     if key is not None and not (isinstance(key, str) and re.fullmatch(HOME_PATH, key)):
         return f"key {key!r} must be the path of the private key file on the host (e.g. /root/.ssh/seed)"
+    if value.get("wait") is not None and not (isinstance(value["wait"], int) and not isinstance(value["wait"], bool)
+                                              and 10 <= value["wait"] <= 86400):
+        return (f"wait {value['wait']!r} must be 10 to 86400 seconds (how long the peer may show no progress "
+                "while it is still fetching the weights itself)")
     return None
 
 
@@ -333,8 +342,15 @@ KEYS: list[Key] = [
     Key("weights_keep_revisions", (_I,), 2,
         "weights directories kept per repo: 2 = this release's and the one before (for rollback)", "weights",
         minimum=1, maximum=2),
-    Key("weights_seed_from", (_S, _D, _N), None, "peer host to copy weights from before the mirror", "weights",
-        check=_seed),
+    Key("weights_seed_from", (_S, _D, _L, _N), None, "peer host (or list, tried in order) to copy weights from "
+        "before the mirror; unset: the fleet fan-out chooses (docs/fanout.md)", "weights", check=_seed),
+    Key("weights_fanout", (_B,), True, "in a rollout of several hosts, fetch each model from the origin once and "
+        "copy it from host to host (needs the fleet seed key; docs/fanout.md)", "weights"),
+    Key("weights_peer_address", (_S, _N), None, "name or address other hosts reach this host's sshd at for a "
+        "weights copy (none: the inventory name)", "weights", pattern=HOSTNAME),
+    Key("weights_peer_bwlimit", (_S, _I, _N), None, "rsync --bwlimit of a weights copy from a peer (KiB/s, or "
+        "with a K/M/G suffix, e.g. 200M), so a serving source is not starved; none: unbounded", "weights",
+        pattern=r"[1-9][0-9]{0,8}[KMG]?", minimum=1, maximum=999_999_999),
     Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
         "weights", secret=True, multiline=True, check=_pem_key),
     Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",

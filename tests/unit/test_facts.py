@@ -284,3 +284,31 @@ def test_simulated_nvidia_smi_faults_are_opt_in(tmp_path, monkeypatch):
     (tmp_path / "smi-fault").write_text("hang\n")
     monkeypatch.setattr(gpu, "SMI_TIMEOUT", 1)
     assert NvidiaGpus().process(run(NvidiaGpus().command()))["rc"] == 124
+
+
+def test_networks_and_containers_are_read_with_one_docker_call_each(tmp_path):
+    """Several networks (or containers) in one `docker` call; an absent one still answers."""
+    import os
+    import subprocess
+
+    from nemofleet.facts.docker import ContainerNetworks, Networks
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "docker"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$1 $2" in
+  "network inspect") echo open-webui_default; echo "Error: No such network: dify_default" >&2; exit 1;;
+  "inspect --type") echo '/nemotron-0 true {{"open-webui_default": {{"Aliases": ["nemotron"]}}}}'; exit 1;;
+esac
+""")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+
+    def run(cmd):
+        return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout.splitlines()
+    assert Networks().process(run(Networks().command(names=("open-webui_default", "dify_default")))) == {
+        "open-webui_default": True, "dify_default": False}
+    got = ContainerNetworks().process(run(ContainerNetworks().command(names=("nemotron-0", "nemotron-1"))))
+    assert got == {"nemotron-0": {"running": True, "networks": {"open-webui_default": ["nemotron"]}}, "nemotron-1": None}
+    assert len(calls.read_text().splitlines()) == 2

@@ -164,6 +164,7 @@ def test_timed_out_deploy_rolls_back_and_audits(monkeypatch):
 def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatch):
     monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: ["a", "b", "c"])
     monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])  # no serving group
+    monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: {})  # read for the weights fan-out
     monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
                         {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
                                  if "REFRESHED" in script else "state=RELEASED") for h in hosts})
@@ -295,3 +296,100 @@ def test_gateway_hosts_are_not_rolled_out_and_selecting_only_them_is_refused(mon
     assert driver.serving_hosts("inv") == ["a"]
     with pytest.raises(driver.FleetError, match="all in the gateway group: they serve no model"):
         driver.serving_hosts("inv", ["gw"])
+
+
+# ---------------------------------------------------------------------------- weights fan-out in a rollout
+
+SEEDED = {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "c" * 40},
+          "weights_seed_key": "-----BEGIN X-----\nk\n-----END X-----", "weights_seed_public_key_file": None}
+
+
+def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
+    from nemofleet import fanout
+
+    pub = {"weights_seed_public_key": "ssh-ed25519 AAAA"}
+    monkeypatch.setattr(rollout.inputs, "read_secrets", lambda d: {**d, **pub} if "weights_seed_key" in d else {})
+    monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: [n for n in names if not limit or n in limit])
+    monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])
+    monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: datas or {n: dict(SEEDED, weights_peer_address=f"nf-{n}")
+                                                                                  for n in names})
+    probes = []
+
+    def exec_all(inv, hosts, script, timeout=0, env=None):
+        if "nemofleet-complete" in script:
+            probes.append(script)
+            d = fanout.weights_dir(SEEDED, fanout.wanted(SEEDED, {**SEEDED, **pub}))
+            return {h: Exec(h, 0, f"{fanout.HELD_MARK}{d}" if h in holds else "") for h in hosts}
+        return {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
+                        if "REFRESHED" in script else "state=RELEASED") for h in hosts}
+    monkeypatch.setattr(driver, "exec_all", exec_all)
+    calls = []
+
+    def deploy(inv, h, data, window, env, log=print):
+        calls.append((h, data.get("weights_seed_from")))
+        return rollout.HostResult(h, "x", "y", "failed" if h in fail else "ok")
+    monkeypatch.setattr(rollout, "deploy_one", deploy)
+    lines = []
+    o = rollout.rollout("inv", log=lines.append, **kw)
+    return o, calls, lines, probes
+
+
+def _sources(calls):
+    import json
+
+    return {h: [p["host"] for p in json.loads(v)] if v else None for h, v in calls}
+
+
+def test_rollout_fetches_once_and_every_other_host_copies_in_a_tree(monkeypatch):
+    import json
+
+    names = [f"h{i}" for i in range(1, 9)]
+    o, calls, lines, probes = _fan_rollout(monkeypatch, names, batch="100%")
+    assert o.ok and len(probes) == 1  # the holders are read in the reachability probe
+    src = _sources(calls)
+    assert sorted(src) == names and [h for h, v in src.items() if v is None] == ["h1"]  # one origin fetch
+    assert src["h2"] == ["nf-h1"] and src["h3"] == ["nf-h1", "nf-h2"] and len(src["h8"]) == 3
+    assert all(f"nf-{h}" not in v for h, v in src.items() if v)
+    assert all(p["wait"] == 600 for _, v in calls if v for p in json.loads(v))  # a source may still be fetching
+    assert "  weights: h2: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h1, " \
+           "then the origin (step 1)" in lines
+
+
+def test_canary_fetches_a_failed_host_is_never_a_source_and_limit_is_honoured(monkeypatch):
+    names = ["h1", "h2", "h3", "h4"]
+    # the canary fetches from the origin; the next batch copies from it
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, canary=1, batch="100%")
+    assert _sources(calls) == {"h1": None, "h2": ["nf-h1"], "h3": ["nf-h1", "nf-h2"], "h4": ["nf-h2", "nf-h1"]}
+    # one host per batch: h2 fails its deploy, so no later host names it
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, fail=("h2",), batch="1", max_failures=1)
+    src = _sources(calls)
+    assert src["h1"] is None and src["h2"] == ["nf-h1"] and all("nf-h2" not in src[h] for h in ("h3", "h4"))
+    # --limit: only the selected hosts are probed and deployed (h1, a holder, is outside the run)
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, holds=("h1",), limit=["h3", "h4"], batch="100%")
+    assert _sources(calls) == {"h3": None, "h4": ["nf-h3"]}
+    # a fleet that already holds the commit on h1: nobody fetches from the origin
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, holds=("h1",), batch="100%")
+    src = _sources(calls)
+    assert src["h1"] is None and all(src[h] for h in ("h2", "h3", "h4")) and src["h2"][0] == "nf-h1"
+
+
+def test_no_seed_key_or_fanout_off_deploys_as_before(monkeypatch):
+    names = ["h1", "h2", "h3"]
+    plain = {n: {"model": SEEDED["model"]} for n in names}
+    o, calls, _, probes = _fan_rollout(monkeypatch, names, datas=plain, batch="100%")
+    assert calls == [(n, None) for n in names] and probes == []
+    off = {n: dict(SEEDED, weights_fanout=False) for n in names}
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, datas=off, batch="100%")
+    assert calls == [(n, None) for n in names]
+
+
+def test_run_data_is_read_as_pyinfra_reads_it(monkeypatch):
+    # `--data model={"catalog": ..., "revision": ...}` and `--data weights_fanout=false` arrive as text
+    import json
+
+    names = ["h1", "h2"]
+    other = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "d" * 40}
+    o, calls, lines, _ = _fan_rollout(monkeypatch, names, batch="100%", data={"model": json.dumps(other)})
+    assert _sources(calls) == {"h1": None, "h2": ["nf-h1"]} and any("@dddddddddddd" in ln for ln in lines)
+    o, calls, _, _ = _fan_rollout(monkeypatch, names, batch="100%", data={"weights_fanout": "false"})
+    assert _sources(calls) == {"h1": None, "h2": None}

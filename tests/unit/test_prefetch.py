@@ -42,3 +42,61 @@ def test_fact_answers_from_the_batch_and_falls_back_to_pyinfra(monkeypatch):
     assert asked[-1] == (UnitStates, {"units": ("u",)})
     prefetch.forget()
     assert prefetch.fact(FilesDigest, paths=("/p",)) == "live"
+
+
+def test_what_host_facts_read_is_not_read_again(monkeypatch):
+    """daemon.json, the image and a verified weights marker, read by HostFacts, answer the batch's
+    reads of the same run: on a converged host the batch no longer runs docker image inspect,
+    cat daemon.json or a second python weights check."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_desired import CASES, SECRETS
+
+    from nemofleet import deploy, desired
+    from nemofleet.facts.docker import DaemonJson, ImageInfo
+    from nemofleet.facts.host import known_reads
+    from nemofleet.facts.weights import WeightsStatus
+
+    f, data = CASES["h200-1x-cdi"]
+    want = desired.build("h", data, f, SECRETS)
+    wdir = want.downloads[0].directory
+    f = dict(f, models={wdir.rsplit("/", 1)[-1]: {"complete": True, "revision": want.downloads[0].revision,
+                                                  "marker_ok": {"present_bytes": 5, "total_size": 5}}})
+    reads = known_reads(f, "/srv/nemofleet/models", want.image)
+    batches = []
+    fake = types.SimpleNamespace(name="h1", get_fact=lambda cls, **kw: batches.append(kw["parts"]) or {})
+    monkeypatch.setattr(prefetch, "current_host", fake)
+    prefetch.known(reads)
+    prefetch.load(deploy.fact_reads(want))
+    asked = " ".join(p for p, _ in batches[0])
+    for cls in (DaemonJson, ImageInfo, WeightsStatus):
+        assert cls.__name__ not in asked
+    assert prefetch.fact(ImageInfo, ref=want.image) == f["image"]
+    assert prefetch.fact(WeightsStatus, directory=wdir, revision=want.downloads[0].revision, full=False)["marker"]
+    # a part HostFacts could not read is read again by its operation's batch
+    prefetch.known(known_reads(dict(f, errors={"image": "timed out"}), "/srv/nemofleet/models", want.image))
+    prefetch.load(deploy.fact_reads(want))
+    assert "ImageInfo" in " ".join(p for p, _ in batches[1])
+
+
+def test_models_on_disk_answers_the_weights_check_exactly(tmp_path):
+    """ModelsOnDisk (in HostFacts) finds an intact marker as the weights check's fast path does,
+    and answers the same value; a shard changed since is left to the check."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_weights_check import check, model
+
+    from nemofleet.facts.weights import ModelsOnDisk, status_from_models
+
+    d, sha = model(tmp_path)
+    check(d, sha, "write")
+    root, name = os.path.dirname(d), os.path.basename(d)
+    on_disk = ModelsOnDisk().process(run(ModelsOnDisk().command(root=root)))
+    kw, value = status_from_models(root, name, on_disk[name])
+    assert kw == {"directory": d, "revision": sha, "full": False} and value == check(d, sha)[1]
+    os.truncate(os.path.join(d, "model-00002-of-00002.safetensors"), 1000)
+    on_disk = ModelsOnDisk().process(run(ModelsOnDisk().command(root=root)))
+    assert status_from_models(root, name, on_disk[name]) is None and on_disk[name]["complete"]

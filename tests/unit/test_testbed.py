@@ -35,3 +35,42 @@ def test_a_foreign_container_of_that_name_is_refused():
     assert why == ("a container named nf-tb-h200-1 exists and is not a nemofleet test host; remove it "
                    "(docker rm -f nf-tb-h200-1) or choose another prefix with NEMOFLEET_TESTBED_NAME")
     assert reuse_decision(NAME, {}, "f00d", PUB)[0] == "refuse"
+
+
+def test_mirror_streams_files_counts_their_bytes_and_bounds_its_uplink(tmp_path):
+    """The testbed's Hub mirror: a file download (whole or a Range) is streamed and its bytes
+    counted in <log>.bytes (API calls are not); `uplink-rate` beside the log bounds all downloads."""
+    import hashlib
+    import threading
+    import time
+    import urllib.request
+    from http.server import ThreadingHTTPServer
+
+    from nemofleet.testbed import hfmirror, tinymodel
+
+    sha = tinymodel.build(str(tmp_path / "repos"), "org/m")
+    log = tmp_path / "requests.log"
+    hfmirror.Handler.root, hfmirror.Handler.log_path = str(tmp_path / "repos"), str(log)
+    hfmirror.UPLINK.path = str(tmp_path / "uplink-rate")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), hfmirror.Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        shard = "model-00001-of-00002.safetensors"
+        tree = {f["path"]: f for f in __import__("json").load(urllib.request.urlopen(f"{base}/api/models/org/m/tree/{sha}"))}
+        data = urllib.request.urlopen(f"{base}/org/m/resolve/{sha}/{shard}").read()
+        assert hashlib.sha256(data).hexdigest() == tree[shard]["lfs"]["oid"] and len(data) == tree[shard]["size"]
+        req = urllib.request.Request(f"{base}/org/m/resolve/{sha}/{shard}", headers={"Range": "bytes=100-"})
+        part = urllib.request.urlopen(req)
+        assert part.status == 206 and part.read() == data[100:]
+        (tmp_path / "uplink-rate").write_text(str(len(data)))  # one shard per second
+        hfmirror.UPLINK._read = 0.0
+        t0 = time.monotonic()
+        urllib.request.urlopen(f"{base}/org/m/resolve/{sha}/{shard}").read()
+        urllib.request.urlopen(f"{base}/org/m/resolve/{sha}/{shard}").read()
+        assert time.monotonic() - t0 >= 1.5
+        counted = [int(line.split()[0]) for line in (tmp_path / "requests.log.bytes").read_text().splitlines()]
+        assert counted == [len(data), len(data) - 100, len(data), len(data)]
+    finally:
+        server.shutdown()
+        hfmirror.UPLINK.path = None

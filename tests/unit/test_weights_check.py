@@ -78,3 +78,50 @@ def test_full_verify_catches_corruption_of_same_size(tmp_path):
         f.seek(-1, 2)
         f.write(b"\x00")
     assert check(d, sha, "full")[1]["truncated"] == ["model-00001-of-00002.safetensors"]
+
+
+def _fake_rsync(tmp_path, source_dir):
+    """An `rsync` on PATH (the marker excluded, as --exclude does): peer `dead` dies mid-copy (one shard half-written, exit 30 as on
+    --timeout), any other peer copies everything (as rsync --partial resumes)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rsync").write_text(f"""#!/bin/sh
+for a; do dest=$a; done
+case "$*" in
+  *--list-only*@dead:*.nemofleet-complete*) exit 23;;
+  *--list-only*@dead:*) echo "-rw-r--r--      1,000 2026/12/04 12:00:00 model-00001-of-00002.safetensors"; exit 0;;
+  *--list-only*) exit 0;;
+  *@dead:*) cp -a {source_dir}/. "$dest"; rm -f "$dest/.nemofleet-complete"; f=$(ls "$dest"/model-00002*); head -c 1000 "$f" > "$f.x"; mv "$f.x" "$f"; exit 30;;
+  *) cp -a {source_dir}/. "$dest"; rm -f "$dest/.nemofleet-complete";;
+esac
+""")
+    (bin_dir / "rsync").chmod(0o755)
+    (bin_dir / "sleep").write_text("#!/bin/sh\n")  # the wait for a source that is still fetching: no real time
+    (bin_dir / "sleep").chmod(0o755)
+    return str(bin_dir)
+
+
+def test_a_killed_source_is_replaced_and_a_half_copy_never_marked(tmp_path):
+    from nemofleet.operations.weights import seed_lines
+
+    src, sha = model(tmp_path / "src")
+    check(src, sha, "write")  # the source holds a verified copy
+    env = dict(os.environ, PATH=_fake_rsync(tmp_path, src) + ":" + os.environ["PATH"])
+    for peers, resumed in ((["dead", "good"], True), (["dead"], False), ([{"host": "dead", "wait": 20}, "good"], True)):
+        dest = str(tmp_path / f"dest-{len(peers)}-{isinstance(peers[0], dict)}")
+        os.makedirs(dest)
+        script = "\n".join(seed_lines([{"root": str(tmp_path), **(p if isinstance(p, dict) else {"host": p})}
+                                        for p in peers], dest, sha)
+                           + ["echo 'on to hf download'"]).replace("python3 ", sys.executable + " ")
+        r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+        assert "seeding from dead failed" in r.stderr
+        # a source still fetching is waited for while it grows; one that shows no progress is skipped
+        assert ("made no progress for 20 s" in r.stderr) == isinstance(peers[0], dict)
+        assert ("no download needed" in r.stdout) == resumed and ("on to hf download" in r.stdout) != resumed
+        assert not os.path.exists(os.path.join(dest, ".nemofleet-complete"))  # the copy never marks itself
+        rc, out, _ = check(dest, sha, "write")  # the weights operation's check runs on arrival
+        # no source had it: the half-written shard (and its copied metadata) is gone, so that
+        # `hf download` fetches it instead of trusting the metadata
+        assert (rc == 0 and out["marker"]) if resumed else (
+            rc == 1 and out["missing"] == ["model-00002-of-00002.safetensors"] and not out["truncated"]
+            and not os.path.exists(os.path.join(dest, ".cache/huggingface/download/model-00002-of-00002.safetensors.metadata")))

@@ -146,7 +146,9 @@ class Networks(FactBase):
 
     def command(self, names: tuple[str, ...]) -> str:
         q = " ".join(shlex.quote(n) for n in names)
-        return (f"for n in {q}; do if timeout {FACT_TIMEOUT} docker network inspect \"$n\" >/dev/null 2>&1; then echo \"$n 1\"; "
+        # one docker call for every name (it prints the ones that exist), then one line per name
+        return (f"found=$(timeout {FACT_TIMEOUT} docker network inspect --format '{{{{.Name}}}}' {q} 2>/dev/null); "
+                f"for n in {q}; do if printf '%s\\n' \"$found\" | grep -qxF -- \"$n\"; then echo \"$n 1\"; "
                 "else echo \"$n 0\"; fi; done")
 
     def process(self, output):
@@ -159,8 +161,10 @@ class ContainerNetworks(FactBase):
     def command(self, names: tuple[str, ...]) -> str:
         q = " ".join(shlex.quote(n) for n in names)
         fmt = "{{.Name}} {{.State.Running}} {{json .NetworkSettings.Networks}}"
-        return (f"for c in {q}; do timeout {FACT_TIMEOUT} docker inspect -f '{fmt}' \"$c\" 2>/dev/null "
-                "|| echo \"/$c absent\"; done")
+        # one docker call for every container (it prints the ones that exist), then the absent ones
+        return (f"out=$(timeout {FACT_TIMEOUT} docker inspect --type container -f '{fmt}' {q} 2>/dev/null); "
+                "printf '%s\\n' \"$out\"; "
+                f"for c in {q}; do printf '%s\\n' \"$out\" | cut -d' ' -f1 | grep -qxF -- \"/$c\" || echo \"/$c absent\"; done")
 
     def process(self, output):
         out = {}

@@ -166,6 +166,25 @@ class HostFacts(FactBase):
         return out
 
 
+def known_reads(facts: dict, models_root: str, image: str) -> list[tuple]:
+    """(fact class, kwargs, value) of what HostFacts already read, as the deploy's operations ask
+    for it: the batch of the same run (facts/prefetch.py) then does not read daemon.json, the
+    image or a verified weights marker a second time. Parts that could not be read are left out."""
+    from .weights import WeightsStatus, status_from_models
+
+    errors = facts.get("errors") or {}
+    out = []
+    for key, fact, kw in HostFacts()._parts({"models_root": models_root, "image": image}):
+        if key in facts and key not in errors:
+            out.append((type(fact), kw, facts[key]))
+    if "models" not in errors:
+        for name, meta in sorted((facts.get("models") or {}).items()):
+            known = status_from_models(models_root, name, meta)
+            if known:
+                out.append((WeightsStatus, *known))
+    return out
+
+
 def facts_file_problem(host: str, facts) -> str | None:
     """One sentence when a facts file's entry for `host` is not a whole HostFacts of the declared
     types (facts/schema.py), None when it is."""

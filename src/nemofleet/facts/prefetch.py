@@ -24,6 +24,7 @@ from pyinfra.api import FactBase
 MARK = "@@nemofleet-batch:"
 RC = "@@nemofleet-rc:"
 _CACHE: dict[str, dict[str, object]] = {}  # host name -> {fact key: value}
+_KNOWN: dict[str, dict[str, object]] = {}  # host name -> {fact key: value} read earlier in this run (HostFacts)
 
 
 def key(cls: type[FactBase], kwargs: dict) -> str:
@@ -69,6 +70,7 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
     """Read `wanted` facts of the current host in one command; returns how many parts were read."""
     cache = _CACHE.setdefault(current_host.name, {})
     cache.clear()
+    cache.update(_KNOWN.pop(current_host.name, {}))  # read once already in this run: not again
     todo, seen = [], set()
     for cls, kwargs in wanted:
         k = key(cls, kwargs)
@@ -92,6 +94,12 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
     return len(todo)
 
 
+def known(reads) -> None:
+    """Facts of the current host read earlier in this run (HostFacts, with facts.host.known_reads),
+    as (class, kwargs, value): the next load() answers them without reading them again."""
+    _KNOWN[current_host.name] = {key(cls, kw): value for cls, kw, value in reads}
+
+
 def fact(cls: type[FactBase], args: dict | None = None, **kwargs):
     """The fact as read by load() for this host, or read now. Its arguments as keywords, or as the
     dict an operation module's `*_reads()` gives with the class (`fact(*units.running_reads(u))`)."""
@@ -106,3 +114,4 @@ def fact(cls: type[FactBase], args: dict | None = None, **kwargs):
 def forget() -> None:
     """Drop what was read for the current host (a later converge reads afresh)."""
     _CACHE.pop(current_host.name, None)
+    _KNOWN.pop(current_host.name, None)

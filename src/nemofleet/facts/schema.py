@@ -115,7 +115,10 @@ CHECKPOINT_CONFIG = Obj({"?architectures": List(str), "?max_position_embeddings"
                          "?hybrid_override_pattern": str, "?num_hidden_layers": Int(1, 65536),
                          "?num_nextn_predict_layers": Int(0, 65536)})
 MODEL_DIR = Obj({"?total_size": Opt(Int(0, 10**15)), "?config": CHECKPOINT_CONFIG, "?complete": bool,
-                 "?revision": Opt(str)})
+                 "?revision": Opt(str),
+                 # the weights check's marker fast path, done by ModelsOnDisk (facts/weights.py)
+                 "?marker_ok": Obj({"present_bytes": Int(0, 10**15), "total_size": Opt(Int(0, 10**15)),
+                                    "incomplete_files": Int(0, 10**9)})})
 
 PARTS = {
     "gpus": Obj({"?smi": bool, "?rc": Opt(int), "?error": Opt(str), "driver": Opt(str), "gpus": List(GPU)}),

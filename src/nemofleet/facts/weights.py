@@ -174,7 +174,15 @@ for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         pass
     meta["complete"] = os.path.exists(os.path.join(d, ".nemofleet-complete"))
     try:
-        meta["revision"] = json.load(open(os.path.join(d, ".nemofleet-complete")))["revision"]
+        m = json.load(open(os.path.join(d, ".nemofleet-complete")))
+        meta["revision"] = m["revision"]
+        # the weights check's marker fast path (CHECK_SCRIPT, check mode), done here in the same
+        # python: every file the marker lists is still of its size (the deploy then asks no more)
+        if all(os.path.getsize(os.path.join(d, f)) == n for f, n in m["files"].items()):
+            cache = os.path.join(d, ".cache", "huggingface", "download")
+            meta["marker_ok"] = {"present_bytes": sum(m["files"].values()), "total_size": m.get("total_size"),
+                                 "incomplete_files": sum(1 for _, _, ns in os.walk(cache)
+                                                         for n in ns if n.endswith(".incomplete"))}
     except Exception:
         meta["revision"] = None
     out[name] = meta
@@ -193,6 +201,20 @@ print(json.dumps(out, sort_keys=True))
             return json.loads("\n".join(output))
         except ValueError:
             return {}
+
+
+def status_from_models(root: str, name: str, meta: dict) -> tuple[dict, dict] | None:
+    """(WeightsStatus kwargs, value) that the weights check (check mode) would answer for a
+    directory whose marker ModelsOnDisk found intact: the deploy's read of it is then answered
+    from HostFacts, with no second python start on the host (facts/prefetch.py)."""
+    ok = meta.get("marker_ok") if isinstance(meta, dict) else None
+    if not isinstance(ok, dict) or not meta.get("revision"):
+        return None
+    d = f"{root}/{name}"
+    return ({"directory": d, "revision": meta["revision"], "full": False},
+            {"dir": d, "exists": True, "complete": True, "marker": True, "missing": [], "truncated": [],
+             "incomplete_files": ok.get("incomplete_files", 0), "present_bytes": ok.get("present_bytes", 0),
+             "total_size": ok.get("total_size")})
 
 
 class HubCommit(FactBase):

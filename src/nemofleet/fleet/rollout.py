@@ -10,12 +10,14 @@ release before the current one, which was never replaced.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from .. import fanout, inputs
 from .. import hostcmd as commands
 from .. import lockinfo
 from . import driver, lock
@@ -262,11 +264,60 @@ def _deploy_unit(inventory, unit, data, window, env, log) -> list[HostResult]:
     return deploy_group(inventory, unit, data, window, env, log)
 
 
+# ---------------------------------------------------------------------------- weights fan-out
+
+@dataclass
+class FanIn:
+    """What the rollout needs for the weights fan-out (docs/fanout.md): the key each host takes
+    part with, the directories whose marker says a host holds it, how peers reach each host,
+    and the holders found (updated as hosts are deployed)."""
+    wants: dict
+    dirs: dict  # {weights dir: key}
+    address: dict
+    holders: dict = field(default_factory=dict)
+
+    def probe(self) -> str:
+        return fanout.holders_script({d: k[1] for d, k in self.dirs.items()}) if self.dirs else "true"
+
+
+def fan_in(inventory: str, hosts: list[str], units: list[list[str]], data: dict | None) -> FanIn:
+    """The fan-out's inputs from the hosts' data (the run's --data on top, as the deploy sees it);
+    a member of a multi-node serving group fetches as it would alone."""
+    from pyinfra_cli.util import parse_cli_arg  # --data values as pyinfra reads them (JSON, numbers, booleans)
+
+    datas = driver.host_data(inventory) if hosts else {}
+    grouped = {h for u in units if len(u) > 1 for h in u}
+    given = {k: parse_cli_arg(v) if isinstance(v, str) else v for k, v in (data or {}).items()}
+    wants, dirs, address = {}, {}, {}
+    for h in hosts:
+        d = {**(datas.get(h) or {}), **given}
+        key = None if h in grouped else fanout.wanted(d, inputs.read_secrets(d))
+        if key is not None:
+            wants[h] = key
+            where = fanout.weights_dir(d, key)
+            if where:
+                dirs[where] = key
+        address[h] = d.get("weights_peer_address") or h
+    return FanIn(wants, dirs, address)
+
+
+def _seeds(fan: FanIn, heads: list[str], log) -> dict:
+    """{host: its weights_seed_from} for one batch, decided from the holders verified before it.
+    The batch deploys at once: a host whose source is still fetching waits for it on the host
+    (weights._wait_lines) and moves on to the next source, then the origin, if it stalls."""
+    f = fanout.decide([heads], fan.wants, fan.holders)
+    for line in f.lines():
+        log(f"  weights: {line}")
+    return {h: f.seed_from(h, fan.address) for h in heads}
+
+
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print) -> Outcome:
     """Batches of deploy units (a host, or a multi-node serving group counted as one): canary
-    first, each gated on health, halted when the failure budget (hosts) is spent."""
+    first, each gated on health, halted when the failure budget (hosts) is spent. Hosts that
+    need the same weights fan out (docs/fanout.md): one host per model fetches it from the
+    origin, the others copy it from a host that holds it (or is fetching it) in a tree."""
     hosts = driver.serving_hosts(inventory, limit)
     units = driver.group_units(inventory, hosts)
     check_options(len(units), batch, canary, max_failures)
@@ -274,9 +325,13 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
     unit_of = {h: u for u in units for h in u}
     outcome = Outcome([HostResult(h) for h in hosts])
     by_host = {r.host: r for r in outcome.results}
-    for h, e in driver.exec_all(inventory, hosts, "true", timeout=90).items():
+    fan = fan_in(inventory, hosts, units, data)
+    # the reachability probe also reads which hosts hold which weights (their markers): no extra command
+    for h, e in driver.exec_all(inventory, hosts, fan.probe(), timeout=90).items():
         if not e.reachable:
             by_host[h].result, by_host[h].detail = "unreachable", e.text[:200]
+        else:
+            fan.holders[h] = fanout.parse_holders(e.lines(), fan.dirs)
     reachable = [h for h in hosts if by_host[h].result != "unreachable"]
     failures = len(hosts) - len(reachable)
     with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
@@ -290,12 +345,21 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 break
             todo = [unit_of[h] for h in group if h == unit_of[h][0]
                     and all(by_host[m].result != "unreachable" for m in unit_of[h])]
+            seeds = _seeds(fan, [u[0] for u in todo], log)
+
+            def one(u):
+                # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
+                extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
+                return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log)
             with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-                for done in pool.map(lambda u: _deploy_unit(inventory, u, data or {}, window, held.env(), log), todo):
+                for done in pool.map(one, todo):
                     for res in done:
                         by_host[res.host].__dict__.update(res.__dict__)
                         log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
                         failures += res.result != "ok"
+                        if res.result == "ok" and res.host in fan.wants:
+                            # its deploy verified the weights (the check wrote the marker): a source now
+                            fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
             if failures > max_failures:
                 outcome.halted = True
                 outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"

@@ -79,9 +79,20 @@ def slug(directory: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
 
 
-def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
+def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
     """Copy the weights from a peer that has them complete (rsync over SSH); on any failure,
-    fall back to the mirror. The completion marker is not copied: this host verifies itself."""
+    fall back to the mirror. The completion marker is not copied: this host verifies itself.
+    Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
+    one copy is complete and of this commit; each resumes what the one before left (--partial)."""
+    peers = seed if isinstance(seed, list) else [seed]
+    q = shlex.quote
+    return [line for peer in peers for line in _seed_lines(peer, directory, revision)] + [
+        # no peer had it: a file a copy left half-written (its metadata copied with it) is removed,
+        # so that `hf download` fetches it rather than trusting the metadata
+        f"{{ {check_command(directory, revision, 'check')} 2>/dev/null | python3 -c {q(UNLINK_TRUNCATED)} {q(directory)}; }} || true"]
+
+
+def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     q = shlex.quote
     ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
            f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
@@ -90,16 +101,51 @@ def seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     rel = directory[len(root) + 1:] if root and directory.startswith(root + "/") else directory
     seed_host = seed["host"]
     src = f"{seed.get('user', 'root')}@{seed_host}:{rel}/"
+    # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
+    bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
     return [
+        *(_wait_lines(seed, ssh, src, directory) if seed.get("wait") else ["ok=1"]),
         # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-        f"if rsync -a --partial --timeout=120 --delete --exclude=.nemofleet-complete -e {q(ssh)} {q(src)} {q(directory + '/')}; "
+        f"if [ $ok = 1 ] && rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
+        f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}; "
         f"then {shell.say(f'seeded {directory} from {seed_host}', err=False)}; "
-        f"else {shell.say(f'seeding from {seed_host} failed; falling back to the Hugging Face mirror')}; fi",
+        f"else {shell.say(f'seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror')}; fi",
         # the peer's files count only when they are complete AND of this commit (HF metadata)
         f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
         "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
         "echo 'peer copy is complete and of this commit: no download needed'; exit 0; fi",
     ]
+
+
+WAITING = ".cache/nemofleet-waiting"  # touched while this host waits for its own source
+
+
+def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
+    """A fan-out source of the same run may still be fetching (docs/fanout.md): wait until its
+    completion marker is there (it verified its copy), as long as its directory changes (files
+    growing, or its own heartbeat while it waits for its source in turn); after `wait` s without
+    a change (a source that failed, hangs or is down) it is skipped. The heartbeat lives under
+    .cache, which the weights check does not count, and is never copied."""
+    q = shlex.quote
+    stall = int(seed["wait"])
+    beat = q(f"{directory}/{WAITING}")
+    gone = f"source {seed['host']} has no verified copy and made no progress for {stall} s"
+    return [
+        f"ok=1; last=; idle=0; mkdir -p {q(directory + '/.cache')}; "
+        f"while ! rsync --timeout=60 --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
+        f"now=$(rsync --timeout=60 -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null | cksum); "
+        "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + 10)); fi; "
+        f"if [ $idle -ge {stall} ]; then ok=0; "
+        f"{shell.say(gone)}; "
+        f"break; fi; sleep 10; done; rm -f {beat}",
+    ]
+
+
+# Reads the weights check's JSON on stdin: every file it found truncated is unlinked with its
+# huggingface_hub metadata, so `hf download` fetches it again instead of trusting the metadata.
+UNLINK_TRUNCATED = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
+                    "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
+                    "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
 
 
 def link_script(source: str, directory: str, revision: str) -> str:
@@ -109,9 +155,7 @@ def link_script(source: str, directory: str, revision: str) -> str:
     fails the offline check (edited in place since) is unlinked again, so `hf download` fetches it."""
     q = shlex.quote
     tmp = directory + ".nemofleet-link"
-    unlink_bad = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
-                  "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
-                  "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
+    unlink_bad = UNLINK_TRUNCATED
     # huggingface_hub rewrites its metadata files in place: those are copied, never linked
     return (f"if [ ! -e {q(directory)} ]; then rm -rf {q(tmp)}; cp -al {q(source)} {q(tmp)} && "
             f"rm -rf {q(tmp + '/.cache')} && {{ [ ! -d {q(source + '/.cache')} ] || cp -a {q(source + '/.cache')} {q(tmp + '/.cache')}; }} && "

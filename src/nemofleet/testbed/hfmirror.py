@@ -3,7 +3,9 @@
 Serves repos from a directory through the real Hub endpoints `hf download` uses
 (what huggingface_hub needs of an HF_ENDPOINT): revision info (id, sha, siblings), the tree listing, HEAD/GET
 resolve with X-Repo-Commit, ETag, Content-Length and Range. Every request is appended to
-a log so tests can count exactly what a run asked for.
+a log so tests can count exactly what a run asked for, and the bytes of every file download to
+`<log>.bytes`; files are streamed through one uplink whose rate a file beside the log may bound
+(`uplink-rate`, bytes/s), so a bench can measure origin bytes and a slow mirror.
 
 Layout: ROOT/<org>/<name>/refs.json ({"main": "<sha>", ...}) and ROOT/<org>/<name>/<sha>/<files>.
 """
@@ -20,6 +22,47 @@ from urllib.parse import unquote, urlparse
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 _lock = threading.Lock()
+_entries: dict = {}  # (path, size, mtime) -> tree entry: a large file is hashed once, not per request
+CHUNK = 1 << 20
+
+
+class Uplink:
+    """The mirror's one uplink, shared by every download: at most `rate` bytes/s in all (None:
+    unbounded). The rate is read from a file beside the request log (bytes/s; absent: unbounded),
+    so a bench can change it without restarting the mirror."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.next_free = 0.0
+        self.path = None
+        self._rate, self._read = None, 0.0
+
+    def rate(self):
+        import time
+
+        if self.path and time.monotonic() - self._read > 1:
+            self._read = time.monotonic()
+            try:
+                self._rate = int(open(self.path).read().strip()) or None
+            except (OSError, ValueError):
+                self._rate = None
+        return self._rate
+
+    def take(self, n: int) -> None:
+        import time
+
+        rate = self.rate()
+        if not rate:
+            return
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_free)
+            self.next_free = start + n / rate
+        if start + n / rate > now:
+            time.sleep(start + n / rate - now)
+
+
+UPLINK = Uplink()
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -49,12 +92,26 @@ class Repo:
             for n in sorted(names):
                 p = os.path.join(root, n)
                 rel = os.path.relpath(p, base)
-                data = open(p, "rb").read()
-                entry = {"type": "file", "oid": git_blob_sha1(data), "size": len(data), "path": rel}
-                if rel.endswith(LFS_SUFFIXES):
-                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
-                out.append(entry)
+                st = os.stat(p)
+                k = (p, st.st_size, st.st_mtime_ns)
+                if k not in _entries:
+                    _entries[k] = _entry(p, rel, st.st_size)
+                out.append(_entries[k])
         return sorted(out, key=lambda e: e["path"])
+
+
+def _entry(path: str, rel: str, size: int) -> dict:
+    """A file's tree entry, hashed in chunks (a generated model of several GB is never in memory)."""
+    sha1 = hashlib.sha1(b"blob %d\0" % size)
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            sha1.update(chunk)
+            sha256.update(chunk)
+    entry = {"type": "file", "oid": sha1.hexdigest(), "size": size, "path": rel}
+    if rel.endswith(LFS_SUFFIXES):
+        entry["lfs"] = {"oid": sha256.hexdigest(), "size": size, "pointerSize": 134}
+    return entry
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -82,6 +139,29 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(body)
+
+    def _file(self, code, path, start, end, headers):
+        """Stream bytes [start, end) of a file through the uplink; the bytes sent are counted in
+        `<log>.bytes` (one line per download: bytes, path), what the fan-out bench adds up."""
+        self.send_response(code)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        sent = 0
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                while sent < end - start:
+                    chunk = f.read(min(CHUNK, end - start - sent))
+                    if not chunk:
+                        break
+                    UPLINK.take(len(chunk))
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+        finally:
+            if self.log_path:
+                with _lock, open(self.log_path + ".bytes", "a") as out:
+                    out.write(f"{sent} {self.path}\n")
 
     def _error(self, code, err, msg, head=False):
         self._send(code, {"error": msg}, {"X-Error-Code": err, "X-Error-Message": msg}, head=head)
@@ -155,24 +235,26 @@ class Handler(BaseHTTPRequestHandler):
             entry = next((f for f in repo.files(sha) if f["path"] == rel), None)
             if entry is None:
                 return self._error(404, "EntryNotFound", f"{rel} does not exist", head)
-            data = open(os.path.join(repo.dir, sha, rel), "rb").read()
+            path = os.path.join(repo.dir, sha, rel)
+            size = entry["size"]
             etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
             headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                        "Content-Type": "application/octet-stream"}
             if "lfs" in entry:
-                headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
+                headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size)})
             rng = self.headers.get("Range")
             if rng and not head:
                 mm = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
                 if mm:
                     start = int(mm.group(1))
-                    end = int(mm.group(2)) if mm.group(2) else len(data) - 1
-                    part = data[start:end + 1]
-                    headers["Content-Range"] = f"bytes {start}-{start + len(part) - 1}/{len(data)}"
-                    headers["Content-Length"] = str(len(part))
-                    return self._send(206, part, headers)
-            headers["Content-Length"] = str(len(data))
-            return self._send(200, data, headers, head=head)
+                    end = min(int(mm.group(2)) if mm.group(2) else size - 1, size - 1)
+                    headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+                    headers["Content-Length"] = str(max(0, end + 1 - start))
+                    return self._file(206, path, start, end + 1, headers)
+            headers["Content-Length"] = str(size)
+            if head:
+                return self._send(200, b"", headers, head=True)
+            return self._file(200, path, 0, size, headers)
         return self._error(404, "EntryNotFound", "not found", head)
 
 
@@ -185,6 +267,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     Handler.root = a.root
     Handler.log_path = a.log
+    if a.log:
+        UPLINK.path = os.path.join(os.path.dirname(a.log), "uplink-rate")  # bytes/s; absent: unbounded
     ThreadingHTTPServer((a.host, a.port), Handler).serve_forever()
 
 
