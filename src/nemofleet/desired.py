@@ -302,8 +302,8 @@ def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
 # Keys each member of a serving group may set on its own; every other key must be the same on all
 # members (one model, one image, one set of flags: what the group runs is planned from them).
 GROUP_LOCAL_KEYS = ("serving_group_interface", "expected_host_key", "install_nvidia_driver", "nvidia_driver_branch",
-                    "install_container_toolkit", "weights_seed_from", "vllm_image_archive", "http_proxy",
-                    "https_proxy", "no_proxy")
+                    "install_container_toolkit", "weights_seed_from", "weights_peer_address", "vllm_image_archive",
+                    "http_proxy", "https_proxy", "no_proxy")
 
 
 def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:

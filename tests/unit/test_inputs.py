@@ -212,3 +212,13 @@ def test_fact_reads_are_derived_from_the_stages():
     gw = desired.build("gw", {"gateway_backends": [{"host": "10.0.0.5", "port": 8800}]}, {},
                        {"vllm_api_key": KEY}, groups=["gateway"])
     assert len(deploy.gateway_reads(gw)) == 4  # packages, keys file, HAProxy config, unit state
+
+
+def test_a_group_member_may_name_its_own_peer_address():
+    """weights_peer_address is where other hosts reach this host's sshd: its own, like the interface."""
+    from test_multinode import group, peers
+
+    ps = peers()
+    d = desired.build("a100-1", group(weights_peer_address="a100-1.lan"), ps["a100-1"], {"vllm_api_key": KEY},
+                      peers=ps, peer_data={"a100-2": group(weights_peer_address="a100-2.lan")})
+    assert d.ok, d.refusals
