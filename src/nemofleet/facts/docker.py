@@ -7,7 +7,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from .gpu import TIMED_OUT, Unreadable
+from .gpu import TIMED_OUT, StrictFact, Unreadable
 
 ABSENT = "##NEMOFLEET_ABSENT##"
 # `docker info` / `docker image inspect` answer in well under a second from a live dockerd;
@@ -16,7 +16,7 @@ ABSENT = "##NEMOFLEET_ABSENT##"
 FACT_TIMEOUT = 20
 
 
-class DockerInfo(FactBase):
+class DockerInfo(StrictFact):
     """{"installed", "running", "server", "cgroup_driver", "cgroup_version", "default_runtime", "runtimes"}."""
 
     def command(self) -> str:
@@ -32,11 +32,6 @@ class DockerInfo(FactBase):
         return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
                 "cgroup_version": None, "default_runtime": None, "runtimes": []}
 
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
 
     def parse(self, output):
         out = self.default()

@@ -31,6 +31,18 @@ class Unreadable(ValueError):
         self.value = value
 
 
+class StrictFact(FactBase):
+    """A fact with a strict `parse()` (raises Unreadable) whose `process()` never raises: what
+    pyinfra stores is the fallback value the Unreadable carries; HostFacts calls parse() to get the
+    sentence (read_part)."""
+
+    def process(self, output):
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value
+
+
 def _rc_split(lines: list[str]) -> tuple[list[str], int | None]:
     if lines and lines[-1].startswith("RC=") and lines[-1][3:].isdigit():
         return lines[:-1], int(lines[-1][3:])
@@ -79,7 +91,7 @@ def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
     return rest, kb
 
 
-class NvidiaGpus(FactBase):
+class NvidiaGpus(StrictFact):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
     `smi` is False when nvidia-smi is not installed; `rc`/`error` carry its failure (rc 124:
@@ -99,11 +111,6 @@ class NvidiaGpus(FactBase):
     def default(self):
         return {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
 
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
 
     def parse(self, output):
         lines = [line for line in output if line.strip()]
@@ -133,7 +140,7 @@ class NvidiaGpus(FactBase):
         return out
 
 
-class NvidiaCudaVersion(FactBase):
+class NvidiaCudaVersion(StrictFact):
     """Highest CUDA version the driver supports, from `nvidia-smi -q -x` (no query field exists);
     None when nvidia-smi is absent or says N/A. parse() raises Unreadable on a timeout or a value
     that is not a version."""
@@ -144,11 +151,6 @@ class NvidiaCudaVersion(FactBase):
                 f'[ $? -eq {TIMED_OUT} ] && echo TIMEOUT; '
                 "printf '%s\\n' \"$x\" | sed -n 's:.*<cuda_version>\\(.*\\)</cuda_version>.*:\\1:p'")
 
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
 
     def parse(self, output):
         lines = [line.strip() for line in output if line.strip()]
@@ -160,7 +162,7 @@ class NvidiaCudaVersion(FactBase):
         return value
 
 
-class ContainerToolkit(FactBase):
+class ContainerToolkit(StrictFact):
     """NVIDIA Container Toolkit: {"version", "hook", "runtime", "cdi_specs", "cdi_refresh"}."""
 
     def command(self) -> str:
@@ -174,11 +176,6 @@ class ContainerToolkit(FactBase):
     def default(self):
         return {"version": None, "hook": False, "runtime": False, "cdi_specs": [], "cdi_refresh": False}
 
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
 
     def parse(self, output):
         out = self.default()

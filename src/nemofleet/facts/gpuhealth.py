@@ -13,9 +13,8 @@ from __future__ import annotations
 import csv
 import re
 
-from pyinfra.api import FactBase
 
-from .gpu import SMI_TIMEOUT, TIMED_OUT, Unreadable
+from .gpu import SMI_TIMEOUT, TIMED_OUT, StrictFact, Unreadable
 
 # Query fields, as `nvidia-smi --help-query-gpu` names them (driver 580 on an H200 accepts every
 # one, docs/gpu-health.md). Identity first: the driver always knows those three.
@@ -82,7 +81,7 @@ def typed(name: str, value, where: str = ""):
                      "run nvidia-smi -q on the host")
 
 
-class GpuHealth(FactBase):
+class GpuHealth(StrictFact):
     """{"gpus": [{query field: typed value}], "refused_fields", "xids": [{"code", "bus_id", "uptime",
     "time", "text"}], "boot_time", "resets": {bus: unix time}, "fabric_manager": {"version", "active"},
     "drained": {uuid: {"since", "index", "reason"}} (GPUs the health script drained), "error"}.
@@ -116,11 +115,6 @@ class GpuHealth(FactBase):
         return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
                 "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
 
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
 
     def parse(self, output):
         out = self.default()
