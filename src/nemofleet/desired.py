@@ -413,9 +413,14 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     seed = seed_sources(s)
     if seed and any(not (facts.get("models") or {}).get(x.directory.rsplit("/", 1)[-1], {}).get("complete")
                     for x in d.downloads):
-        peers = [x["host"] for x in (seed if isinstance(seed, list) else [seed])]
-        d.warnings.append(f"weights: copied from {', then '.join(peers)} (rsync over SSH, verified here), "
-                          "then the mirror if no peer has them")
+        seeds = seed if isinstance(seed, list) else [seed]
+        peers = [x["host"] for x in seeds]
+        if all(x.get("held") for x in seeds):  # a converge's origin fetcher asks the others first
+            d.warnings.append(f"weights: copied from the first of {', '.join(peers)} that holds a verified copy "
+                              "now (rsync over SSH, verified here), else fetched from the mirror")
+        else:
+            d.warnings.append(f"weights: copied from {', then '.join(peers)} (rsync over SSH, verified here), "
+                              "then the mirror if no peer has them")
     d.prune = unused_weights(s, p, facts)
     hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
             if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")

@@ -166,8 +166,8 @@ def _seed(value) -> str | None:
     if isinstance(value, str):
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
-        return "must be a peer host name or {host, user, port, key, wait}"
-    extra = sorted(map(str, set(value) - {"host", "user", "port", "key", "wait"}))
+        return "must be a peer host name or {host, user, port, key, wait, start, held}"
+    extra = sorted(map(str, set(value) - {"host", "user", "port", "key", "wait", "start", "held"}))
     if extra:
         return f"has unknown keys {', '.join(extra)}"
     if value.get("user") is not None and not (isinstance(value["user"], str)
@@ -182,6 +182,14 @@ def _seed(value) -> str | None:
                                               and 10 <= value["wait"] <= 86400):
         return (f"wait {value['wait']!r} must be 10 to 86400 seconds (how long the peer may show no progress "
                 "while it is still fetching the weights itself)")
+    if value.get("start") is not None and not (isinstance(value["start"], int) and not isinstance(value["start"], bool)
+                                               and 10 <= value["start"] <= 86400):
+        return (f"start {value['start']!r} must be 10 to 86400 seconds (how long the peer may take to begin "
+                "fetching the weights itself: its directory appears)")
+    if value.get("held") is not None and not isinstance(value["held"], bool):
+        return f"held {value['held']!r} must be true or false (copy from the peer only if it holds a verified copy now)"
+    if value.get("held") and (value.get("wait") is not None or value.get("start") is not None):
+        return "held (copy only if it holds a verified copy now) and wait/start (wait while it fetches) exclude each other"
     return None
 
 
@@ -344,7 +352,7 @@ KEYS: list[Key] = [
         minimum=1, maximum=2),
     Key("weights_seed_from", (_S, _D, _L, _N), None, "peer host (or list, tried in order) to copy weights from "
         "before the mirror; unset: the fleet fan-out chooses (docs/fanout.md)", "weights", check=_seed),
-    Key("weights_fanout", (_B,), True, "in a rollout of several hosts, fetch each model from the origin once and "
+    Key("weights_fanout", (_B,), True, "in a converge or rollout of several hosts, fetch each model from the origin once and "
         "copy it from host to host (needs the fleet seed key; docs/fanout.md)", "weights"),
     Key("weights_peer_address", (_S, _N), None, "name or address other hosts reach this host's sshd at for a "
         "weights copy (none: the inventory name)", "weights", pattern=HOSTNAME),

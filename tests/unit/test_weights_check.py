@@ -82,12 +82,13 @@ def test_full_verify_catches_corruption_of_same_size(tmp_path):
 
 def _fake_rsync(tmp_path, source_dir):
     """An `rsync` on PATH (the marker excluded, as --exclude does): peer `dead` dies mid-copy (one shard half-written, exit 30 as on
-    --timeout), any other peer copies everything (as rsync --partial resumes)."""
+    --timeout), peer `gone` never answers (ssh's exit 255), any other peer copies everything (as rsync --partial resumes)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "rsync").write_text(f"""#!/bin/sh
 for a; do dest=$a; done
 case "$*" in
+  *@gone:*) exit 255;;
   *--list-only*@dead:*.nemofleet-complete*) exit 23;;
   *--list-only*@dead:*) echo "-rw-r--r--      1,000 2026/12/04 12:00:00 model-00001-of-00002.safetensors"; exit 0;;
   *--list-only*) exit 0;;
@@ -125,3 +126,32 @@ def test_a_killed_source_is_replaced_and_a_half_copy_never_marked(tmp_path):
         assert (rc == 0 and out["marker"]) if resumed else (
             rc == 1 and out["missing"] == ["model-00002-of-00002.safetensors"] and not out["truncated"]
             and not os.path.exists(os.path.join(dest, ".cache/huggingface/download/model-00002-of-00002.safetensors.metadata")))
+
+
+def test_held_peers_are_asked_not_waited_for_and_a_source_that_never_begins_is_skipped(tmp_path):
+    from nemofleet.operations.weights import seed_lines
+
+    src, sha = model(tmp_path / "src")
+    check(src, sha, "write")
+    env = dict(os.environ, PATH=_fake_rsync(tmp_path, src) + ":" + os.environ["PATH"])
+
+    def run(peers, name):
+        dest = str(tmp_path / name)
+        os.makedirs(dest)
+        script = "\n".join(["set -e"] + seed_lines([{"root": str(tmp_path), **p} for p in peers], dest, sha)
+                            + ["echo 'on to hf download'"]).replace("python3 ", sys.executable + " ")
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env), dest
+
+    # a converge's origin fetcher: `dead` holds no verified copy (no marker) and is not copied from;
+    # `good` holds one and is
+    r, dest = run([{"host": "dead", "held": True}, {"host": "good", "held": True}], "held")
+    assert "dead holds no verified copy now: not copied from" in r.stdout and "seeding from dead" not in r.stderr
+    assert "seeded" in r.stdout and "no download needed" in r.stdout and "on to hf download" not in r.stdout
+    assert not os.path.exists(os.path.join(dest, "model-00002-of-00002.safetensors.x"))
+    # nobody holds it: on to the origin, nothing copied
+    r, dest = run([{"host": "dead", "held": True}], "nobody")
+    assert r.returncode == 0 and "on to hf download" in r.stdout and os.listdir(dest) == []
+    # a source that never began (refused, or down): skipped after `start`, long before `wait`
+    r, dest = run([{"host": "gone", "wait": 600, "start": 30}, {"host": "good"}], "start")
+    assert "source gone did not begin fetching within 30 s" in r.stderr and "no progress" not in r.stderr
+    assert "no download needed" in r.stdout

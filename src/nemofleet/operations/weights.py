@@ -103,13 +103,21 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     src = f"{seed.get('user', 'root')}@{seed_host}:{rel}/"
     # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
     bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
+    # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
+    copy = (f"rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
+            f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}")
+    seeded = shell.say(f"seeded {directory} from {seed_host}", err=False)
+    failed = shell.say(f"seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror")
+    if seed.get("held"):
+        # asked only whether it holds a verified copy now (its completion marker): never waited for
+        lines = [f"ok=0; rsync --timeout=60 --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1 && ok=1; "
+                 f"[ $ok = 1 ] || {shell.say(f'{seed_host} holds no verified copy now: not copied from', err=False)}",
+                 f"if [ $ok = 1 ]; then if {copy}; then {seeded}; else {failed}; fi; fi"]
+    else:
+        lines = [*(_wait_lines(seed, ssh, src, directory) if seed.get("wait") else ["ok=1"]),
+                 f"if [ $ok = 1 ] && {copy}; then {seeded}; else {failed}; fi"]
     return [
-        *(_wait_lines(seed, ssh, src, directory) if seed.get("wait") else ["ok=1"]),
-        # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-        f"if [ $ok = 1 ] && rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
-        f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}; "
-        f"then {shell.say(f'seeded {directory} from {seed_host}', err=False)}; "
-        f"else {shell.say(f'seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror')}; fi",
+        *lines,
         # the peer's files count only when they are complete AND of this commit (HF metadata)
         f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
         "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
@@ -124,20 +132,30 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
     """A fan-out source of the same run may still be fetching (docs/fanout.md): wait until its
     completion marker is there (it verified its copy), as long as its directory changes (files
     growing, or its own heartbeat while it waits for its source in turn); after `wait` s without
-    a change (a source that failed, hangs or is down) it is skipped. The heartbeat lives under
-    .cache, which the weights check does not count, and is never copied."""
+    a change (a source that failed, hangs or is down) it is skipped. With `start` (a plain
+    converge, where every host runs this operation at the same moment), a source whose directory
+    could not be listed at all for `start` s never began (refused, failed before, unreachable)
+    and is skipped then. The heartbeat lives under .cache, which the weights check does not
+    count, and is never copied."""
     q = shlex.quote
     stall = int(seed["wait"])
     beat = q(f"{directory}/{WAITING}")
-    gone = f"source {seed['host']} has no verified copy and made no progress for {stall} s"
+    peer = seed["host"]
+    gone = f"source {peer} has no verified copy and made no progress for {stall} s"
+    never = ""
+    if seed.get("start"):
+        start = int(seed["start"])
+        late = f"source {peer} did not begin fetching within {start} s (refused, failed before or unreachable)"
+        never = f"if [ $seen = 0 ] && [ $waited -ge {start} ]; then ok=0; {shell.say(late)}; break; fi; "
     return [
-        f"ok=1; last=; idle=0; mkdir -p {q(directory + '/.cache')}; "
+        f"ok=1; last=; idle=0; seen=0; waited=0; mkdir -p {q(directory + '/.cache')}; "
         f"while ! rsync --timeout=60 --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
-        f"now=$(rsync --timeout=60 -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null | cksum); "
+        f"now=$(rsync --timeout=60 -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null) && seen=1; "
+        "now=$(printf %s \"$now\" | cksum); "
         "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + 10)); fi; "
         f"if [ $idle -ge {stall} ]; then ok=0; "
         f"{shell.say(gone)}; "
-        f"break; fi; sleep 10; done; rm -f {beat}",
+        f"break; fi; {never}sleep 10; waited=$((waited + 10)); done; rm -f {beat}",
     ]
 
 
