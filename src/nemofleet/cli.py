@@ -73,11 +73,11 @@ def cmd_plan(a) -> int:
                                                                        if h in facts})[0] or {}
         facts = {h: dict(f, commits=commits[h]) if h in commits and isinstance(f, dict) else f for h, f in facts.items()}
     result, rc = {}, 0
-    fan = _plan_fanout(datas, facts)
+    fan, fan_lines = _plan_fanout(datas, facts, groups)
     for name, data in datas.items():
         f = facts.get(name)
-        seeds = fan.seed_from(name, {h: d.get("weights_peer_address") or h for h, d in datas.items()})
-        if seeds:  # as a rollout of these hosts would hand it over (docs/fanout.md)
+        seeds = fan.seed_from(name)
+        if seeds:  # as the deploy of these hosts hands it over (deploy.with_fanout; docs/fanout.md)
             data = {**data, "weights_seed_from": seeds}
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
@@ -117,27 +117,31 @@ def cmd_plan(a) -> int:
 
         for line in lines(p):
             print(f"   {line}")
-    if fan.copies:
-        print("== weights fan-out (as `nemofleet rollout --batch 100%` of these hosts; docs/fanout.md)")
-        for line in fan.lines():
+    if fan_lines:
+        print("== weights fan-out of a converge of these hosts (a rollout decides again before each batch, "
+              "from the hosts that hold the model then; docs/fanout.md)")
+        for line in fan_lines:
             print(f"   {line}")
     return rc
 
 
-def _plan_fanout(datas: dict, facts: dict):
-    """Who would copy the weights from whom in a rollout of these hosts: the holders are the hosts
-    whose facts show the model's directory complete."""
+def _plan_fanout(datas: dict, facts: dict, groups: dict):
+    """The weights fan-out a converge of these hosts decides (docs/fanout.md; the same
+    fanout.for_run as the deploy, over the hosts it would reach: those with facts), and the
+    lines to show: the copies of hosts whose facts show the model's directory incomplete."""
     from . import fanout, inputs
     from .models import host_dir_name
 
-    wants = {h: fanout.wanted(d, inputs.read_secrets(d)) for h, d in datas.items() if isinstance(facts.get(h), dict)}
+    reached = {h: d for h, d in datas.items() if isinstance(facts.get(h), dict)}
+    gateway = frozenset(h for h in reached if inputs.GATEWAY_GROUP in (groups.get(h) or ()))
+    run = fanout.for_run(reached, inputs.read_secrets, gateway)
     holders = {}
-    for h, k in wants.items():
+    for h, c in run.fan.copies.items():
         models = facts[h].get("models")
-        meta = models.get(host_dir_name(*k)) if k and isinstance(models, dict) else None
+        meta = models.get(host_dir_name(*c.key)) if isinstance(models, dict) else None
         if isinstance(meta, dict) and meta.get("complete") is True:
-            holders[h] = {k}
-    return fanout.decide([list(wants)], wants, holders)
+            holders[h] = {c.key}
+    return run, run.lines(holders)
 
 
 def _peer_facts(member: str, facts, from_file: bool):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from types import SimpleNamespace
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, paths, render, runlock
+from . import bootstrap, fanout, paths, render, runlock
 from . import settings as settings_mod
 from . import inputs
 from .desired import Desired, decide
@@ -74,6 +75,32 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
     return peers, peer_data
 
 
+_RUNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # {pyinfra State: fanout.Run}
+
+
+def run_fanout() -> fanout.Run:
+    """The weights fan-out of this pyinfra run (docs/fanout.md), decided once per run from the
+    data of every host it deploys (the hosts pyinfra connected to, within --limit, in inventory
+    order): pyinfra prepares the hosts concurrently, so each host reads the same decision and no
+    host reads another's facts for it."""
+    state = host.state
+    run = _RUNS.get(state)
+    if run is None:
+        active = set(state.active_hosts)
+        hosts = [h for h in state.inventory if h in active and state.is_host_in_limit(h)]
+        datas = {h.name: data(h) for h in hosts}
+        gateway = frozenset(h.name for h in hosts if inputs.GATEWAY_GROUP in (h.groups or ()))
+        run = _RUNS[state] = fanout.for_run(datas, inputs.read_secrets, gateway)
+    return run
+
+
+def with_fanout(d: dict) -> dict:
+    """Host data with this run's fan-out sources as its `weights_seed_from` (none when it fetches
+    from the origin, holds its own peers or the run has one host)."""
+    seeds = run_fanout().seed_from(host.name)
+    return {**d, "weights_seed_from": seeds} if seeds else d
+
+
 def operator() -> str:
     return f"{os.environ.get('NEMOFLEET_OPERATOR') or os.environ.get('USER') or 'root'}@{os.uname().nodename}"
 
@@ -82,7 +109,7 @@ def host_inputs() -> HostInputs:
     """This host's HostInputs, read from pyinfra: host data, HostFacts for the image it pulls, the
     commits of unpinned revisions (asked from the host), the serving group's peers, the
     secrets from the controller, the lock token of this run, the host's groups."""
-    d = data()
+    d = with_fanout(data())
     facts = _host_facts(host, d, own=True)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
     facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)

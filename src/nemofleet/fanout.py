@@ -8,8 +8,11 @@ N hosts are served in about log2(N) steps. A copy names a few sources, tried in 
 origin; the receiving host verifies the copy itself (the weights check, commit included) before
 it is marked complete, so a failed or slow source costs time, never a bad copy (docs/fanout.md).
 
-The result reaches each host as its `weights_seed_from` (a list of peers), through the deploy's
-host data; a host deployed alone decides nothing here and works as before.
+The result reaches each host as its `weights_seed_from` (a list of peers), as part of its
+HostInputs: a rollout hands it over per host (deciding before each batch from the holders its
+probe found), and a plain converge of several hosts (`pyinfra INVENTORY deploys/nemotron.py`)
+decides it once per run from the hosts' data alone (`for_run`: no fact of another host is
+read); a host deployed alone decides nothing here and works as before.
 
 Layer: decision (settings, models); imports nothing from fleet/.
 """
@@ -28,6 +31,12 @@ SPARE_SOURCES = 2  # holders named after the first, tried in order before the or
 # A source of the same run may still be fetching: the copy waits for its verified marker while
 # its directory grows, and moves on after this many seconds without progress (a failed source).
 SOURCE_STALL = 600
+# In a plain converge every host runs the weights operation at the same moment (pyinfra runs an
+# operation on all hosts before the next): a source that has not even created its directory this
+# long after (refused by preflight, failed before the weights, unreachable) is not fetching, and
+# its receivers move on at once instead of after SOURCE_STALL. A rollout deploys each host in a
+# run of its own (a source may still be pulling the image), so it hands no `start` over.
+SOURCE_START = 60
 
 
 @dataclass(frozen=True)
@@ -59,13 +68,15 @@ class FanOut:
     def lines(self) -> list[str]:
         return [c.line() for c in self.copies.values()]
 
-    def seed_from(self, host: str, address: Mapping, wait: int = SOURCE_STALL) -> list | None:
+    def seed_from(self, host: str, address: Mapping, wait: int = SOURCE_STALL, start: int | None = None) -> list | None:
         """The host's `weights_seed_from`: its sources as peers reach them (None: from the origin),
-        each waited for while it is still fetching (at most `wait` s without progress)."""
+        each waited for while it is still fetching (at most `wait` s without progress; with
+        `start`, at most that long for its directory to appear at all)."""
         c = self.copies.get(host)
         if c is None or not c.sources:
             return None
-        return [{"host": address.get(s) or s, "wait": wait} for s in c.sources]
+        extra = {"start": start} if start is not None else {}
+        return [{"host": address.get(s) or s, "wait": wait, **extra} for s in c.sources]
 
 
 def decide(batches: list[list[str]], wants: Mapping, holders: Mapping, spare: int = SPARE_SOURCES) -> FanOut:
@@ -109,18 +120,69 @@ def decide(batches: list[list[str]], wants: Mapping, holders: Mapping, spare: in
 
 def wanted(data: Mapping, secrets: Mapping) -> Key | None:
     """The (repo, revision) a host takes part in the fan-out with, or None when it does not: its
-    settings do not parse, it names its own peers (`weights_seed_from`), turned it off
+    settings do not parse, it is a member of a multi-node serving group (its members fetch as
+    they would alone), names its own peers (`weights_seed_from`), turned it off
     (`weights_fanout: false`), or the fleet seed key (private and public) is not configured."""
     try:
         s = settings_mod.parse(dict(data))
         model = catalog.resolve(s["model"])
     except (settings_mod.SettingsError, catalog.UnknownModel):
         return None
-    if not s["weights_fanout"] or s["weights_seed_from"] is not None:
+    if not s["weights_fanout"] or s["weights_seed_from"] is not None or s["serving_group"]:
         return None
     if not (secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key")):
         return None
     return (model.repo, model.revision)
+
+
+# The host of a converge that would fetch a model from the origin first asks this many other hosts
+# of the run that want it whether they already hold a verified copy (their completion marker, one
+# listing each, no waiting), and copies from the first that does: a host added to a serving fleet
+# ahead of the others in the inventory copies instead of fetching.
+HELD_PROBES = 3
+
+
+@dataclass(frozen=True)
+class Run:
+    """The fan-out of a plain converge of several hosts: the tree, how peers reach each host,
+    and the hosts each origin fetcher asks first (`HELD_PROBES`)."""
+    fan: FanOut
+    address: Mapping
+    probes: Mapping = field(default_factory=dict)  # {origin fetcher: hosts it asks first}
+
+    def seed_from(self, host: str) -> list | None:
+        c = self.fan.copies.get(host)
+        if c is not None and not c.sources and self.probes.get(host):
+            return [{"host": self.address.get(h) or h, "held": True} for h in self.probes[host]]
+        return self.fan.seed_from(host, self.address, start=SOURCE_START)
+
+    def lines(self, holders: Mapping) -> list[str]:
+        """What each host that does not hold its model yet will do (`holders`: {host: set of keys}
+        verified complete, from the facts), for `nemofleet plan`."""
+        out = []
+        for h, c in self.fan.copies.items():
+            if c.key in (holders.get(h) or ()):
+                continue
+            held = [p for p in self.probes.get(h, ()) if c.key in (holders.get(p) or ())]
+            out.append(Copy(h, c.key, c.step, (held[0],)).line() + " (it holds it now)"
+                       if held else c.line())
+        return out
+
+
+def for_run(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> Run:
+    """Who copies from whom in one converge of the hosts of `datas` ({host: host data}, in the
+    inventory's order), decided from their data alone, so every host of the run decides the same
+    tree without reading another host's facts (no extra remote command). The first host of the
+    run that wants a (repo, revision) fetches it from the origin unless one of the next
+    HELD_PROBES hosts holds it already; a host that holds it changes nothing and, named as a
+    source, is copied from at once. `secrets_of(data)`: the host's secrets (the seed key);
+    hosts in `gateway` serve no model."""
+    wants = {h: wanted(d, secrets_of(d)) for h, d in datas.items() if h not in gateway}
+    wants = {h: k for h, k in wants.items() if k is not None}
+    fan = decide([list(wants)], wants, {}) if len(wants) > 1 else FanOut()
+    probes = {h: tuple(o for o in wants if o != h and wants[o] == c.key)[:HELD_PROBES]
+              for h, c in fan.copies.items() if not c.sources}
+    return Run(fan, {h: (datas[h].get("weights_peer_address") or h) for h in wants}, probes)
 
 
 def weights_dir(data: Mapping, key: Key) -> str | None:

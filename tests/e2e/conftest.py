@@ -222,12 +222,14 @@ def bed():
 def converged(bed):
     """The testbed after one converge (first run) and the idempotence run."""
     t = time.monotonic()
+    before = len(mirror_log())
     first = pyinfra()
     assert first.rc == 0, first.out[-6000:]
     took = time.monotonic() - t
+    first_requests = mirror_log()[before:]  # what the mirror served the first converge
     second = pyinfra()
     stage(f"converge: first run {took:.1f} s, idempotence run {time.monotonic() - t - took:.1f} s")
-    return {"first": first, "second": second, "state": bed}
+    return {"first": first, "second": second, "state": bed, "first_requests": first_requests}
 
 
 def mirror_log() -> list[str]:

@@ -27,6 +27,19 @@ def file_requests(lines):
     return [line for line in lines if "/resolve/" in line and line.startswith("GET ")]
 
 
+def test_first_converge_fetched_each_file_from_the_mirror_once(converged):
+    """The testbed's hosts serve one model: the converge fetched it from the mirror once and the
+    other hosts copied it from a host of the run (the weights fan-out, docs/fanout.md), each copy
+    verified on arrival (its completion marker). On a kept testbed nothing is fetched at all."""
+    from nemofleet import testbed
+
+    paths = [line.split()[1] for line in file_requests(converged["first_requests"])]
+    assert len(paths) == len(set(paths)), paths  # no file twice
+    hosts = [h for h in ("a100-1", "h100-1", "h200-1") if h in testbed.read_state()["hosts"]]
+    for h in hosts:
+        assert on(h, f"test -f {MODEL_DIR}/.nemofleet-complete", check=False).returncode == 0, h
+
+
 def test_rerun_sends_no_file_requests(converged):
     clear_mirror_log()
     r = pyinfra()

@@ -149,4 +149,82 @@ def test_plan_shows_who_seeds_whom_and_each_host_says_its_sources(tmp_path, caps
     out = capsys.readouterr().out
     assert "== weights fan-out" in out and "fetches" not in out  # a holder seeds: no origin fetch
     assert f"h200-1: copies {key[0]}@{key[1][:12]} from h200-2, then the origin (step 0)" in out
-    assert "weights: copied from 10.0.0.2 (rsync over SSH, verified here), then the mirror" in out
+    # the converge's first host asks the others of the run whether they hold it before the origin
+    assert ("weights: copied from the first of 10.0.0.2, 10.0.0.3 that holds a verified copy now (rsync over SSH, "
+            "verified here), else fetched from the mirror") in out
+
+
+def _run_data(n, **extra):
+    model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "c" * 40}
+    return {f"h{i}": {"model": model, "weights_peer_address": f"nf-h{i}", **extra} for i in range(1, n + 1)}
+
+
+def test_a_converge_decides_one_tree_from_the_hosts_data_alone():
+    datas = _run_data(6)
+    datas["h3"] = {**datas["h3"], "weights_fanout": False}  # fetches alone
+    datas["h5"] = {**datas["h5"], "weights_seed_from": "elsewhere"}  # the operator's peer wins
+    run = fanout.for_run(datas, lambda d: KEYS, gateway=frozenset({"h6"}))
+    assert set(run.fan.copies) == {"h1", "h2", "h4"}
+    # the origin fetcher first asks the others of the run whether they hold it now (no waiting)
+    assert run.seed_from("h1") == [{"host": "nf-h2", "held": True}, {"host": "nf-h4", "held": True}]
+    # the others copy from a host of the tree, waited for while it fetches, skipped at once if it never begins
+    assert run.seed_from("h2") == [{"host": "nf-h1", "wait": fanout.SOURCE_STALL, "start": fanout.SOURCE_START}]
+    assert [p["host"] for p in run.seed_from("h4")] == ["nf-h1", "nf-h2"]
+    for h in ("h3", "h5", "h6"):
+        assert run.seed_from(h) is None
+    for h in ("h1", "h2", "h4"):  # what a host is handed parses as its own setting would
+        assert settings_mod.parse({**datas[h], "weights_seed_from": run.seed_from(h)})["weights_seed_from"]
+    # one host alone, or no seed key: nothing changes
+    assert fanout.for_run(_run_data(1), lambda d: KEYS).seed_from("h1") is None
+    assert fanout.for_run(_run_data(4), lambda d: {}).seed_from("h2") is None
+    # a host already holding it is named in the plan as the source it is
+    assert run.lines({"h2": {run.fan.copies["h1"].key}}) == [
+        f"h1: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h2, then the origin "
+        "(step 0) (it holds it now)",
+        "h4: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h1, then h2, then the "
+        "origin (step 2)"]
+
+
+def test_held_and_start_are_typed_and_exclusive():
+    ok = [{"host": "a", "held": True}, {"host": "b", "wait": 600, "start": 60}]
+    assert settings_mod.parse({"weights_seed_from": ok})["weights_seed_from"] == ok
+    for bad in ([{"host": "a", "held": "yes"}], [{"host": "a", "held": True, "wait": 60}],
+                [{"host": "a", "wait": 60, "start": 5}], [{"host": "a", "start": "60; rm -rf /"}]):
+        try:
+            settings_mod.parse({"weights_seed_from": bad})
+            raise AssertionError(bad)
+        except settings_mod.SettingsError as exc:
+            assert len(exc.problems) == 1 and "weights_seed_from" in exc.problems[0]
+
+
+def test_the_deploy_decides_the_run_once_for_every_host(tmp_path, monkeypatch):
+    """deploy.run_fanout under real pyinfra: every host of the run reads the same decision (one
+    per State), from the hosts pyinfra connected to within --limit, in inventory order."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.context import ctx_host, ctx_state
+
+    from nemofleet import deploy, inputs
+
+    monkeypatch.setattr(inputs, "read_secrets", lambda d: dict(KEYS))
+    datas = _run_data(3)
+    inventory = Inventory(([(h, d) for h, d in datas.items()], {}))
+    state = State(inventory, Config())
+    for h in inventory:
+        state.activate_host(h)
+    seen, runs = {}, set()
+    with ctx_state.use(state):
+        for h in inventory:
+            with ctx_host.use(h):
+                seen[h.name] = deploy.with_fanout(deploy.data()).get("weights_seed_from")
+                runs.add(id(deploy.run_fanout()))
+    assert len(runs) == 1  # decided once for the run
+    assert seen == {"h1": [{"host": "nf-h2", "held": True}, {"host": "nf-h3", "held": True}],
+                    "h2": [{"host": "nf-h1", "wait": 600, "start": 60}],
+                    "h3": [{"host": "nf-h1", "wait": 600, "start": 60}, {"host": "nf-h2", "wait": 600, "start": 60}]}
+    # --limit h2: a run of one host, as in a rollout's own deploy of each host
+    limited = State(inventory, Config())
+    for h in inventory:
+        limited.activate_host(h)
+    limited.limit_hosts = [inventory.get_host("h2")]
+    with ctx_state.use(limited), ctx_host.use(inventory.get_host("h2")):
+        assert "weights_seed_from" not in deploy.with_fanout(deploy.data())
