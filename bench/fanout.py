@@ -2,6 +2,15 @@
 
     flock /work/testbed.lock .venv/bin/python bench/fanout.py   # BENCH_FAN_SIZES=8,4,1 BENCH_FAN_GB=1.1
 
+BENCH_FAN_MODE=fresh (the default): the main job on fresh hosts. For each size N and fan-out off
+and on, N full test hosts are created fresh (never converged: no image, no weights, no units) and
+converged by `pyinfra inventories/testbed.py deploys/nemotron.py` (one run over the N hosts, the
+generated model given with --data; `weights_fanout=false` for off) with the mirror's uplink bounded
+to BENCH_FAN_RATE; time to serving is that run's wall time (it ends when every instance answers
+ready); origin bytes and the verified markers as below.
+
+BENCH_FAN_MODE=rollout: the rollout of a new model commit to serving hosts, below.
+
 On full test hosts of a testbed of its own (nf-fan, ports 23901+; 1x H200 profile each, own
 dockerd, sshd, systemd), converged once with the testbed's tiny model (set-up, not measured).
 Then a generated model of BENCH_FAN_GB GB (4 valid safetensors shards of random bytes, served by
@@ -167,6 +176,48 @@ def one_run(hosts: list[str], sha: str, fan: bool, rate: int) -> dict:
     return r
 
 
+def fresh_hosts(n: int) -> list[str]:
+    """N full test hosts created fresh (the ones before destroyed): never converged."""
+    state = testbed.read_state()
+    for h in list(state.get("hosts", {})):
+        testbed.destroy_host(h)
+    (testbed.testbed_dir() / "known_hosts").unlink(missing_ok=True)
+    state = testbed.read_state()
+    state.pop("hosts", None)
+    testbed.write_state(state)
+    hosts = [f"fan-{i}" for i in range(1, n + 1)]
+    t0 = time.time()
+    testbed.up(str(profile_file(n)), only=hosts)
+    log(f"{n} fresh host(s) up in {time.time() - t0:.0f}s")
+    return hosts
+
+
+def fresh_run(n: int, sha: str, fan: bool, rate: int) -> dict:
+    """The main job on N fresh hosts, one pyinfra run, the mirror bounded to `rate`."""
+    hosts = fresh_hosts(n)
+    wdir = f"{MODELS}/{host_dir_name(testbed.MODEL_REPO, sha)}"
+    set_rate(rate)
+    before = mirror_bytes(sha)
+    model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": sha}
+    args = ["--data", f"model={json.dumps(model)}", *([] if fan else ["--data", "weights_fanout=false"])]
+    t0 = time.monotonic()
+    r = pyinfra(hosts, *args)
+    wall = time.monotonic() - t0
+    served = mirror_bytes(sha) - before
+    set_rate(None)
+    verified = [h for h in hosts if on(h, f"grep -qs '\"revision\": \"{sha}\"' '{wdir}/.nemofleet-complete'").returncode == 0]
+    serving = [h for h in hosts if on(h, "test -s /var/lib/nemofleet/release").returncode == 0]
+    out = r.stdout + r.stderr
+    res = {"mode": "fresh", "hosts": n, "fanout": fan, "rate_bytes_s": rate, "time_to_serving_s": round(wall, 1),
+           "origin_bytes": served, "ok": r.returncode == 0 and len(serving) == n, "verified": len(verified),
+           "serving": len(serving),
+           "tree": sorted({ln.split("warning: ", 1)[-1].strip() for ln in out.splitlines() if "weights: copied" in ln})}
+    if r.returncode:
+        res["log_tail"] = out[-3000:]
+    log(json.dumps({k: v for k, v in res.items() if k not in ("tree", "log_tail")}))
+    return res
+
+
 def container_cpu(host: str) -> float:
     """CPU seconds the test host's container has used (its cgroup: sshd, shells, its own dockerd
     and docker CLI, python, the simulated GPU tools); cgroup v1 cpuacct or v2 cpu.stat."""
@@ -305,6 +356,20 @@ def main() -> int:
     gb = float(os.environ.get("BENCH_FAN_GB", "1.1"))
     rate = int(float(os.environ.get("BENCH_FAN_RATE", "50e6")))
     os.chdir(ROOT)
+    if os.environ.get("BENCH_FAN_MODE", "fresh") == "fresh":
+        fresh_hosts(1)
+        sha, weight_bytes = big_model(gb)
+        out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores", "mode": "fresh",
+               "model_bytes": weight_bytes, "mirror_rate_bytes_s": rate, "runs": []}
+        for n in sizes:
+            for fan in (False, True):
+                out["runs"].append(fresh_run(n, sha, fan, rate))
+                (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+                (ROOT / "bench" / "results" / "fanout-fresh.json").write_text(json.dumps(out, indent=2))
+        print(table(out))
+        if os.environ.get("BENCH_FAN_KEEP") != "1":
+            testbed.down()
+        return 0
     hosts = ensure(max(sizes))
     sha, weight_bytes = big_model(gb)
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores",
@@ -326,7 +391,8 @@ def main() -> int:
 
 def table(out: dict) -> str:
     mb = out["model_bytes"]
-    lines = [f"weights fan-out, {out['date']}, {out['machine']}, model {mb / 1e9:.2f} GB, mirror uplink "
+    what = "fresh hosts, one converge" if out.get("mode") == "fresh" else "rollout to serving hosts"
+    lines = [f"weights fan-out ({what}), {out['date']}, {out['machine']}, model {mb / 1e9:.2f} GB, mirror uplink "
              f"{out['mirror_rate_bytes_s'] / 1e6:.0f} MB/s", "",
              "| hosts | fan-out | origin bytes | x model | time to serving | verified |", "|---|---|---|---|---|---|"]
     for r in out["runs"]:
