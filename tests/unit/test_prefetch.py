@@ -100,3 +100,42 @@ def test_models_on_disk_answers_the_weights_check_exactly(tmp_path):
     os.truncate(os.path.join(d, "model-00002-of-00002.safetensors"), 1000)
     on_disk = ModelsOnDisk().process(run(ModelsOnDisk().command(root=root)))
     assert status_from_models(root, name, on_disk[name]) is None and on_disk[name]["complete"]
+
+
+def test_files_digest_reads_every_file_with_one_stat_and_one_sha256sum(tmp_path):
+    import hashlib
+    import os
+
+    (tmp_path / "a b").write_text("x")
+    (tmp_path / "c").write_text("yy")
+    os.chmod(tmp_path / "c", 0o600)
+    (tmp_path / "back\\slash").write_text("z")  # sha256sum escapes this name: its line starts with "\"
+    (tmp_path / "d").mkdir()
+    paths = tuple(str(tmp_path / n) for n in ("a b", "d", "nope", "c", "back\\slash"))
+    cmd = FilesDigest().command(paths)
+    assert cmd.count("sha256sum") == 1 and cmd.count("stat -c") == 2  # all files, and a directory's own
+    got = FilesDigest().process(run(cmd))
+    assert got == {paths[0]: ("644", hashlib.sha256(b"x").hexdigest()), paths[1]: ("755", "dir"), paths[2]: None,
+                   paths[3]: ("600", hashlib.sha256(b"yy").hexdigest()),
+                   paths[4]: ("644", hashlib.sha256(b"z").hexdigest())}
+    # a file that vanished between the test and the read: never paired with another file's digest
+    torn = ["@nemofleet-files", "/a", "/b", "@nemofleet-modes", "644", "@nemofleet-sums", "0" * 64 + "  /a"]
+    assert FilesDigest().process(torn) == {"/a": None, "/b": None}
+    assert FilesDigest().process(["755 abc /p"]) == {"/p": ("755", "abc")}  # a directory's or older line
+
+
+def test_unit_states_are_one_systemctl_for_every_unit(tmp_path):
+    import os
+
+    cmd = UnitStates().command(("a.service", "b.service"))
+    assert cmd.count("systemctl") == 1 and "timeout 60 systemctl show -p Id,UnitFileState,ActiveState" in cmd
+    # systemctl show's blocks (its properties in its own order; no blank line after the last)
+    fake = tmp_path / "systemctl"
+    fake.write_text("#!/bin/sh\nprintf 'Id=a.service\\nActiveState=active\\nUnitFileState=enabled\\n\\n"
+                    "Id=b.service\\nUnitFileState=\\nActiveState=inactive\\n'\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")).stdout.splitlines()
+    assert out[:2] == ["unit a.service enabled active", "unit b.service - inactive"]
+    assert UnitStates().process(out)["units"] == {"a.service": {"enabled": True, "active": True},
+                                                  "b.service": {"enabled": False, "active": False}}

@@ -13,9 +13,12 @@ class UnitStates(FactBase):
     """{"units": {unit: {"enabled": bool, "active": bool}}, "files": [installed nemofleet units]}."""
 
     def command(self, units: tuple[str, ...]) -> str:
+        # one systemctl for every unit (blocks in argument order, each with its Id): not two per unit
         q = " ".join(shlex.quote(u) for u in units)
-        return (f"for u in {q}; do echo \"unit $u $(systemctl is-enabled $u 2>/dev/null || true) "
-                f"$(systemctl is-active $u 2>/dev/null || true)\"; done; "
+        return (f"{{ timeout 60 systemctl show -p Id,UnitFileState,ActiveState -- {q} 2>/dev/null; echo; }} | "
+                "while IFS= read -r l; do case $l in Id=*) u=${l#Id=};; UnitFileState=*) e=${l#UnitFileState=};; "
+                "ActiveState=*) a=${l#ActiveState=};; '') [ -n \"$u\" ] && echo \"unit $u ${e:--} ${a:--}\"; "
+                "u=; e=; a=;; esac; done; "
                 f"for f in {UNIT_GLOB}; do [ -e \"$f\" ] && echo \"file $(basename $f)\"; done; true")
 
     def process(self, output):
