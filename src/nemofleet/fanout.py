@@ -19,6 +19,7 @@ Layer: decision (settings, models); imports nothing from fleet/.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -182,7 +183,21 @@ def for_run(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> Run
     fan = decide([list(wants)], wants, {}) if len(wants) > 1 else FanOut()
     probes = {h: tuple(o for o in wants if o != h and wants[o] == c.key)[:HELD_PROBES]
               for h, c in fan.copies.items() if not c.sources}
-    return Run(fan, {h: (datas[h].get("weights_peer_address") or h) for h in wants}, probes)
+    return Run(fan, {h: peer_address(h, datas[h]) for h in wants}, probes)
+
+
+def peer_address(name: str, data: Mapping) -> str:
+    """Where the other hosts reach `name`'s sshd for a copy: `weights_peer_address`, else the
+    address the controller reaches it at (pyinfra's `ssh_hostname`, when it is a host name or
+    address and not a loopback one), else the inventory name."""
+    given = data.get("weights_peer_address")
+    if given:
+        return given
+    ssh = data.get("ssh_hostname")
+    if isinstance(ssh, str) and re.fullmatch(settings_mod.HOSTNAME, ssh) and not (
+            ssh == "localhost" or ssh.startswith("127.") or ssh == "::1"):
+        return ssh
+    return name
 
 
 def weights_dir(data: Mapping, key: Key) -> str | None:

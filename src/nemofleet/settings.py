@@ -355,7 +355,8 @@ KEYS: list[Key] = [
     Key("weights_fanout", (_B,), True, "in a converge or rollout of several hosts, fetch each model from the origin once and "
         "copy it from host to host (needs the fleet seed key; docs/fanout.md)", "weights"),
     Key("weights_peer_address", (_S, _N), None, "name or address other hosts reach this host's sshd at for a "
-        "weights copy (none: the inventory name)", "weights", pattern=HOSTNAME),
+        "weights copy (none: its ssh_hostname unless a loopback one, else the inventory name)", "weights",
+        pattern=HOSTNAME),
     Key("weights_peer_bwlimit", (_S, _I, _N), None, "rsync --bwlimit of a weights copy from a peer (KiB/s, or "
         "with a K/M/G suffix, e.g. 200M), so a serving source is not starved; none: unbounded", "weights",
         pattern=r"[1-9][0-9]{0,8}[KMG]?", minimum=1, maximum=999_999_999),

@@ -228,3 +228,13 @@ def test_the_deploy_decides_the_run_once_for_every_host(tmp_path, monkeypatch):
     limited.limit_hosts = [inventory.get_host("h2")]
     with ctx_state.use(limited), ctx_host.use(inventory.get_host("h2")):
         assert "weights_seed_from" not in deploy.with_fanout(deploy.data())
+
+
+def test_peers_are_reached_where_the_controller_reaches_them_unless_told():
+    assert fanout.peer_address("gpu-7", {"weights_peer_address": "10.1.0.7", "ssh_hostname": "1.2.3.4"}) == "10.1.0.7"
+    assert fanout.peer_address("gpu-7", {"ssh_hostname": "10.0.0.7"}) == "10.0.0.7"  # an inventory alias
+    for odd in ("127.0.0.1", "localhost", "::1", "a b", "$(reboot)", 7, None):
+        assert fanout.peer_address("gpu-7", {"ssh_hostname": odd}) == "gpu-7"
+    run = fanout.for_run({h: {**d, "ssh_hostname": f"10.0.0.{h[1:]}", "weights_peer_address": None}
+                          for h, d in _run_data(2).items()}, lambda d: KEYS)
+    assert run.seed_from("h2") == [{"host": "10.0.0.1", "wait": fanout.SOURCE_STALL, "start": fanout.SOURCE_START}]

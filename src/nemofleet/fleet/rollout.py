@@ -297,7 +297,7 @@ def fan_in(inventory: str, hosts: list[str], units: list[list[str]], data: dict 
             where = fanout.weights_dir(d, key)
             if where:
                 dirs[where] = key
-        address[h] = d.get("weights_peer_address") or h
+        address[h] = fanout.peer_address(h, d)
     return FanIn(wants, dirs, address)
 
 
