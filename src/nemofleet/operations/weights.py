@@ -147,15 +147,18 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
         start = int(seed["start"])
         late = f"source {peer} did not begin fetching within {start} s (refused, failed before or unreachable)"
         never = f"if [ $seen = 0 ] && [ $waited -ge {start} ]; then ok=0; {shell.say(late)}; break; fi; "
+    # polled after 1, 2, 4, 8 s, then every 10 s: a small model's source is done in seconds, a large
+    # one's is asked every 10 s (two listings over SSH each time)
     return [
-        f"ok=1; last=; idle=0; seen=0; waited=0; mkdir -p {q(directory + '/.cache')}; "
+        f"ok=1; last=; idle=0; seen=0; waited=0; d=1; slept=0; mkdir -p {q(directory + '/.cache')}; "
         f"while ! rsync --timeout=60 --list-only -e {q(ssh)} {q(src + MARKER)} >/dev/null 2>&1; do touch {beat}; "
         f"now=$(rsync --timeout=60 -r --list-only -e {q(ssh)} {q(src)} 2>/dev/null) && seen=1; "
         "now=$(printf %s \"$now\" | cksum); "
-        "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + 10)); fi; "
+        "if [ \"$now\" != \"$last\" ]; then last=$now; idle=0; else idle=$((idle + slept)); fi; "
         f"if [ $idle -ge {stall} ]; then ok=0; "
         f"{shell.say(gone)}; "
-        f"break; fi; {never}sleep 10; waited=$((waited + 10)); done; rm -f {beat}",
+        f"break; fi; {never}sleep $d; waited=$((waited + d)); slept=$d; "
+        f"if [ $d -lt 10 ]; then d=$((d * 2)); fi; if [ $d -gt 10 ]; then d=10; fi; done; rm -f {beat}",
     ]
 
 
