@@ -410,7 +410,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.image = p.image
     d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
     d.downloads = downloads(s, p, secrets, facts)
-    seed = seed_sources(s)
+    seed = d.downloads[0].seed if d.downloads else None  # every download's sources are the same
     if seed and any(not (facts.get("models") or {}).get(x.directory.rsplit("/", 1)[-1], {}).get("complete")
                     for x in d.downloads):
         seeds = seed if isinstance(seed, list) else [seed]

@@ -178,12 +178,20 @@ def for_run(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> Run
     HELD_PROBES hosts holds it already; a host that holds it changes nothing and, named as a
     source, is copied from at once. `secrets_of(data)`: the host's secrets (the seed key);
     hosts in `gateway` serve no model."""
-    wants = {h: wanted(d, secrets_of(d)) for h, d in datas.items() if h not in gateway}
-    wants = {h: k for h, k in wants.items() if k is not None}
+    wants, address = participants(datas, secrets_of, gateway)
     fan = decide([list(wants)], wants, {}) if len(wants) > 1 else FanOut()
     probes = {h: tuple(o for o in wants if o != h and wants[o] == c.key)[:HELD_PROBES]
               for h, c in fan.copies.items() if not c.sources}
-    return Run(fan, {h: peer_address(h, datas[h]) for h in wants}, probes)
+    return Run(fan, address, probes)
+
+
+def participants(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> tuple[dict, dict]:
+    """({host: (repo, revision)} of the hosts of `datas` that take part (`wanted`), in its order;
+    {host: where the other hosts reach it} for every host of `datas`), for a converge (for_run)
+    and a rollout (fleet/rollout.py) alike."""
+    wants = {h: wanted(d, secrets_of(d)) for h, d in datas.items() if h not in gateway}
+    return ({h: k for h, k in wants.items() if k is not None},
+            {h: peer_address(h, d) for h, d in datas.items()})
 
 
 def peer_address(name: str, data: Mapping) -> str:

@@ -178,14 +178,10 @@ def _seed(value) -> str | None:
     key = value.get("key")
     if key is not None and not (isinstance(key, str) and re.fullmatch(HOME_PATH, key)):
         return f"key {key!r} must be the path of the private key file on the host (e.g. /root/.ssh/seed)"
-    if value.get("wait") is not None and not (isinstance(value["wait"], int) and not isinstance(value["wait"], bool)
-                                              and 10 <= value["wait"] <= 86400):
-        return (f"wait {value['wait']!r} must be 10 to 86400 seconds (how long the peer may show no progress "
-                "while it is still fetching the weights itself)")
-    if value.get("start") is not None and not (isinstance(value["start"], int) and not isinstance(value["start"], bool)
-                                               and 10 <= value["start"] <= 86400):
-        return (f"start {value['start']!r} must be 10 to 86400 seconds (how long the peer may take to begin "
-                "fetching the weights itself: its directory appears)")
+    for name, what in (("wait", "may show no progress while it is still fetching the weights itself"),
+                       ("start", "may take to begin fetching the weights itself: its directory appears")):
+        if value.get(name) is not None and not (vt.is_int(value[name]) and 10 <= value[name] <= 86400):
+            return f"{name} {value[name]!r} must be 10 to 86400 seconds (how long the peer {what})"
     if value.get("held") is not None and not isinstance(value["held"], bool):
         return f"held {value['held']!r} must be true or false (copy from the peer only if it holds a verified copy now)"
     if value.get("held") and (value.get("wait") is not None or value.get("start") is not None):

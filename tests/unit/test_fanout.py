@@ -89,6 +89,9 @@ def test_who_takes_part():
     assert fanout.wanted(data, {}) is None  # no fleet seed key: no fan-out
     assert fanout.wanted({**data, "weights_fanout": False}, KEYS) is None
     assert fanout.wanted({**data, "weights_seed_from": "peer"}, KEYS) is None  # the operator's choice wins
+    group = {**data, "serving_group": "g", "serving_group_members": ["a", "b"]}
+    assert settings_mod.parse(group)["serving_group"] == "g"  # it parses: left out for being a member
+    assert fanout.wanted(group, KEYS) is None  # a multi-node group's members fetch as they would alone
     assert fanout.wanted({**data, "port_base": "x"}, KEYS) is None
     assert fanout.weights_dir(data, key).startswith("/srv/nemofleet/models/")
 

@@ -280,24 +280,20 @@ class FanIn:
         return fanout.holders_script({d: k[1] for d, k in self.dirs.items()}) if self.dirs else "true"
 
 
-def fan_in(inventory: str, hosts: list[str], units: list[list[str]], data: dict | None) -> FanIn:
+def fan_in(inventory: str, hosts: list[str], data: dict | None) -> FanIn:
     """The fan-out's inputs from the hosts' data (the run's --data on top, as the deploy sees it);
-    a member of a multi-node serving group fetches as it would alone."""
+    a member of a multi-node serving group fetches as it would alone (fanout.wanted)."""
     from pyinfra_cli.util import parse_cli_arg  # --data values as pyinfra reads them (JSON, numbers, booleans)
 
     datas = driver.host_data(inventory) if hosts else {}
-    grouped = {h for u in units if len(u) > 1 for h in u}
     given = {k: parse_cli_arg(v) if isinstance(v, str) else v for k, v in (data or {}).items()}
-    wants, dirs, address = {}, {}, {}
-    for h in hosts:
-        d = {**(datas.get(h) or {}), **given}
-        key = None if h in grouped else fanout.wanted(d, inputs.read_secrets(d))
-        if key is not None:
-            wants[h] = key
-            where = fanout.weights_dir(d, key)
-            if where:
-                dirs[where] = key
-        address[h] = fanout.peer_address(h, d)
+    datas = {h: {**(datas.get(h) or {}), **given} for h in hosts}
+    wants, address = fanout.participants(datas, inputs.read_secrets)
+    dirs = {}
+    for h, key in wants.items():
+        where = fanout.weights_dir(datas[h], key)
+        if where:
+            dirs[where] = key
     return FanIn(wants, dirs, address)
 
 
@@ -325,7 +321,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
     unit_of = {h: u for u in units for h in u}
     outcome = Outcome([HostResult(h) for h in hosts])
     by_host = {r.host: r for r in outcome.results}
-    fan = fan_in(inventory, hosts, units, data)
+    fan = fan_in(inventory, hosts, data)
     # the reachability probe also reads which hosts hold which weights (their markers): no extra command
     for h, e in driver.exec_all(inventory, hosts, fan.probe(), timeout=90).items():
         if not e.reachable:
