@@ -37,24 +37,21 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("NEMOFLEET_TESTBED_NAME", "nf-fan")
-os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-fan"))
-os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "23901")
-os.environ["PYINFRA_PROGRESS"] = "off"
-sys.path.insert(0, str(ROOT / "src"))
+import benchlib
+from benchlib import PYINFRA, ROOT, gpu_tools_cpu
+
+benchlib.use_testbed("nf-fan", ".testbed-fan", 23901)
 
 from nemofleet import testbed  # noqa: E402
 from nemofleet.models import host_dir_name  # noqa: E402
 from nemofleet.testbed import tinymodel  # noqa: E402
 from nemofleet.facts.weights import CHECK_SCRIPT as CHECK  # noqa: E402
-
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 INVENTORY = "inventories/testbed.py"
 MODELS = "/srv/nemofleet/models"
 PROFILE = {"group": "gpu_h200", "driver": "580.159.04", "cuda": "13.0", "toolkit": "1.18.0",
@@ -219,29 +216,9 @@ def fresh_run(n: int, sha: str, fan: bool, rate: int) -> dict:
 
 
 def container_cpu(host: str) -> float:
-    """CPU seconds the test host's container has used (its cgroup: sshd, shells, its own dockerd
-    and docker CLI, python, the simulated GPU tools); cgroup v1 cpuacct or v2 cpu.stat."""
-    cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", testbed.container(host)], capture_output=True,
-                         text=True).stdout.strip()
-    for path, scale_ in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
-                         (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
-        try:
-            return int(open(path).read().split()[1 if path.endswith("stat") else 0]) * scale_
-        except OSError:
-            continue
-    return float("nan")
-
-
-def gpu_tools_cpu(host: str, reps: int = 10) -> float:
-    """CPU seconds of the simulated GPU tools' part of one no-op (HostFacts' GPU parts run `reps`
-    times on the host), measured apart so the per-host no-op figure can leave them out."""
-    from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
-
-    cmds = [f.command() if callable(f.command) else f.command for f in (NvidiaGpus(), NvidiaCudaVersion(),
-                                                                        ContainerToolkit())]
-    before = container_cpu(host)
-    on(host, "for i in $(seq %d); do %s; done >/dev/null 2>&1" % (reps, "; ".join(f"( {c} )" for c in cmds)))
-    return (container_cpu(host) - before) / reps
+    """CPU seconds the full test host's container has used (benchlib.container_cpu)."""
+    name = testbed.container(host)
+    return benchlib.container_cpu([name]).get(name, float("nan"))
 
 
 def noop_cpu(hosts: list[str], sha: str, root: str, reps: int = 3) -> dict:
@@ -326,7 +303,7 @@ def killed_source(sha: str) -> dict:
         killer.terminate()
     killed = (killer.communicate()[0] or "").strip()
     verified = [h for h in hosts if on(h, f"grep -qs '\"revision\": \"{sha}\"' '{wdir}/.nemofleet-complete'").returncode == 0]
-    checked = [h for h in hosts if '"complete": true' in on(h, f"python3 -c {shlex_quote(CHECK)} '{wdir}' '{sha}' check").stdout]
+    checked = [h for h in hosts if '"complete": true' in on(h, f"python3 -c {shlex.quote(CHECK)} '{wdir}' '{sha}' check").stdout]
     r = {"hosts": 3, "killed": killed or "nothing (no copy from fan-1 passed 200 MB)", "time_to_serving_s": round(wall, 1), "origin_bytes": mirror_bytes(sha) - before,
          "ok": o.ok, "verified": len(verified), "complete_by_recheck": len(checked),
          "results": {x.host: x.result for x in o.results},
@@ -335,20 +312,13 @@ def killed_source(sha: str) -> dict:
     return r
 
 
-def shlex_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
 def main() -> int:
     if os.environ.get("BENCH_FAN_KILL") == "1":  # only the killed-source run
         os.chdir(ROOT)
         ensure(3)
         sha, weight_bytes = big_model(float(os.environ.get("BENCH_FAN_GB", "1.1")))
         r = killed_source(sha)
-        (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-        (ROOT / "bench" / "results" / "fanout-killed.json").write_text(json.dumps({**r, "model_bytes": weight_bytes}, indent=2))
+        benchlib.save_json("fanout-killed.json", {**r, "model_bytes": weight_bytes})
         if os.environ.get("BENCH_FAN_KEEP") != "1":
             testbed.down()
         return 0
@@ -364,8 +334,7 @@ def main() -> int:
         for n in sizes:
             for fan in (False, True):
                 out["runs"].append(fresh_run(n, sha, fan, rate))
-                (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-                (ROOT / "bench" / "results" / "fanout-fresh.json").write_text(json.dumps(out, indent=2))
+                benchlib.save_json("fanout-fresh.json", out)
         print(table(out))
         if os.environ.get("BENCH_FAN_KEEP") != "1":
             testbed.down()
@@ -377,12 +346,11 @@ def main() -> int:
     for n in sizes:
         for fan in (False, True):
             out["runs"].append(one_run(hosts[:n], sha, fan, rate))
-            (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-            (ROOT / "bench" / "results" / "fanout.json").write_text(json.dumps(out, indent=2))
+            benchlib.save_json("fanout.json", out)
     set_rate(None)
     if os.environ.get("BENCH_FAN_NOOP", "1") == "1":
         out["noop"] = noop_ab(hosts, sha)
-        (ROOT / "bench" / "results" / "fanout.json").write_text(json.dumps(out, indent=2))
+        benchlib.save_json("fanout.json", out)
     print(table(out))
     if os.environ.get("BENCH_FAN_KEEP") != "1":
         testbed.down()

@@ -27,18 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("NEMOFLEET_TESTBED_NAME", "nf-bench")
-os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-bench"))
-os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "22401")
-os.environ["PYINFRA_PROGRESS"] = "off"
-sys.path.insert(0, str(ROOT / "src"))
+import benchlib
+from benchlib import PYINFRA, ROOT
+
+benchlib.use_testbed("nf-bench", ".testbed-bench", 22401)
 
 from nemofleet import settings, testbed  # noqa: E402
 from nemofleet.facts.weights import check_command  # noqa: E402
 from nemofleet.operations.weights import download_script  # noqa: E402
-
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 ANSIBLE_VENV = ROOT / "bench" / ".venv-ansible"
 ANSIBLE = str(ANSIBLE_VENV / "bin" / "ansible-playbook")
 MAX = 20
@@ -280,10 +276,7 @@ def main() -> int:
 
 
 def save(results) -> None:
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(results, indent=2))
-    (out / "bench.md").write_text(table(results) + "\n")
+    benchlib.save_json("bench.json", results).with_name("bench.md").write_text(table(results) + "\n")
 
 
 def table(results) -> str:

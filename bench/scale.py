@@ -25,19 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("NEMOFLEET_TESTBED_NAME", "nf-scale")
-os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-scale"))
-os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "23701")
-os.environ["PYINFRA_PROGRESS"] = "off"
-sys.path.insert(0, str(ROOT / "src"))
+import benchlib
+from benchlib import PYINFRA, ROOT, container_cpu, gpu_tools_cpu
+
+benchlib.use_testbed("nf-scale", ".testbed-scale", 23701)
 
 from nemofleet import testbed  # noqa: E402
 from nemofleet.testbed import scale  # noqa: E402
-
-PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
 def log(msg):
@@ -64,42 +59,6 @@ def quiet(window: float = 2.0, wait: float = 90.0) -> float:
         busy = (busy_cpu() - b0) / (time.monotonic() - t0)
         if busy < 0.5 or time.monotonic() > deadline:
             return round(busy, 2)
-
-
-def container_cpu(names: list[str]) -> dict[str, float]:
-    """CPU seconds each container has used so far (its cgroup: every process of a light host, its
-    sshd, shells, docker CLI, python and simulated GPU tools; cgroup v1 cpuacct or v2 cpu.stat)."""
-    ids = subprocess.run(["docker", "inspect", "-f", "{{.Name}} {{.Id}}", *names], capture_output=True,
-                         text=True).stdout.split("\n")
-    out = {}
-    for line in ids:
-        if not line.strip():
-            continue
-        name, cid = line.strip().lstrip("/").split()
-        for path, scale_ in ((f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage", 1e-9),
-                             (f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/cpu.stat", 1e-6)):
-            try:
-                text = open(path).read()
-            except OSError:
-                continue
-            value = int(text.split()[0]) if path.endswith("usage") else int(text.split()[1])  # usage_usec first
-            out[name] = value * scale_
-            break
-    return out
-
-
-def gpu_tools_cpu(host: str, reps: int = 10) -> float:
-    """CPU seconds of the simulated GPU tools' share of one no-op (the GPU parts of HostFacts, run
-    `reps` times on `host`), measured apart so that the per-host figure leaves them out."""
-    from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
-
-    cmds = [f.command() if callable(f.command) else f.command for f in (NvidiaGpus(), NvidiaCudaVersion(),
-                                                                        ContainerToolkit())]
-    script = "for i in $(seq %d); do %s; done >/dev/null 2>&1" % (reps, "; ".join(f"( {c} )" for c in cmds))
-    name = testbed.container(host)
-    before = container_cpu([name]).get(name, 0.0)
-    subprocess.run(["docker", "exec", name, "sh", "-c", script], capture_output=True)
-    return (container_cpu([name]).get(name, 0.0) - before) / reps
 
 
 def noop(hosts: list[str], verbose: bool = False) -> dict:
@@ -189,8 +148,7 @@ def main() -> int:
     if "20" in out["sizes"] and "5" in out["sizes"]:  # what each added host costs the controller
         out["controller_cpu_per_added_host_s"] = round((out["sizes"]["20"]["noop_cpu_s"]
                                                         - out["sizes"]["5"]["noop_cpu_s"]) / 15, 3)
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "scale.json").write_text(json.dumps(out, indent=2))
+    benchlib.save_json("scale.json", out)
     print(table(out))
     if os.environ.get("BENCH_KEEP") != "1":
         scale.down()
