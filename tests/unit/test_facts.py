@@ -7,6 +7,7 @@ from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
 from nemofleet.facts.host import CgroupVersion, FreeDisk, HostFacts
 
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200"
+IMAGE = "vllm/vllm-openai:v0.27.1"
 
 
 def lines(name):
@@ -50,23 +51,45 @@ def test_toolkit_docker_daemon_json_cgroup_disk():
     tk = ContainerToolkit().process(["ctk=1.18.0", "hook=1", "runtime=1", "cdi=/etc/cdi/nvidia.yaml", "cdi_refresh=enabled"])
     assert tk == {"version": "1.18.0", "hook": True, "runtime": True, "cdi_specs": ["/etc/cdi/nvidia.yaml"], "cdi_refresh": True}
     assert ContainerToolkit().process(["ctk=", "cdi_refresh="])["version"] is None
-    d = DockerInfo().process(["installed=1", "server=29.1.3", "cgroup_driver=systemd", "cgroup_version=2",
-                              "default_runtime=runc", 'runtimes={"nvidia":{},"runc":{}}'])
+    d = DockerInfo().process(["installed=1", '@@engine 200 info {"ServerVersion":"29.1.3","CgroupDriver":"systemd",'
+                              '"CgroupVersion":"2","DefaultRuntime":"runc","Runtimes":{"nvidia":{},"runc":{}}}'])
     assert d["running"] and d["cgroup_version"] == 2 and d["runtimes"] == ["nvidia", "runc"]
     assert DockerInfo().process(["installed=0"])["installed"] is False
-    assert DockerInfo().process(["installed=1", "running=0"])["running"] is False
+    assert DockerInfo().process(["installed=1", "@@engine down info Connection refused"])["running"] is False
     assert DaemonJson().process(['{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
     assert DaemonJson().process(["{oops"])["data"] is None
     assert DaemonJson().process(["##NEMOFLEET_ABSENT##"]) == {"exists": False, "text": "", "data": {}, "error": None}
     assert CgroupVersion().process(["cgroup2fs"]) == 2 and CgroupVersion().process(["tmpfs"]) == 1
     assert FreeDisk().process(["68702183424"]) == 68702183424
-    assert ImageInfo().process(["", "absent"]) is None
-    assert ImageInfo().process(['sha256:ab ["CUDA_VERSION=12.8.1"]'])["env"] == {"CUDA_VERSION": "12.8.1"}
+    assert ImageInfo().process(['@@engine 404 image:x:1 {"message":"No such image: x:1"}']) is None
+    assert ImageInfo().process(['@@engine 200 image:x:1 {"Id":"sha256:ab","Config":{"Env":["CUDA_VERSION=12.8.1"]}}'
+                                ])["env"] == {"CUDA_VERSION": "12.8.1"}
+
+
+def with_engine_read(raw: list[str]) -> list[str]:
+    """hostfacts.out with its docker and image sections (the docker CLI's, at the first capture) as
+    the same real H200 printed them on 2026-12-04 with the Engine API read (hostfacts_engine.out):
+    its engine section, and the docker and image sections that go with it."""
+    def sections(out):
+        got, cur = {}, None
+        for line in out:
+            if line.startswith(HostFacts.MARK):
+                cur = line[len(HostFacts.MARK):]
+                got[cur] = []
+            elif cur is not None:
+                got[cur].append(line)
+        return got
+    new = sections(lines("hostfacts_engine.out"))
+    old = sections(raw)
+    out = [f"{HostFacts.MARK}engine", *new["engine"]]
+    for key, body in old.items():
+        out += [f"{HostFacts.MARK}{key}", *(new[key] if key in ("docker", "image") else body)]
+    return out
 
 
 def test_host_facts_real_h200_one_command_output():
     """The combined fact's raw output, captured on the real H200 (no Docker there)."""
-    fact = HostFacts().process(lines("hostfacts.out"))
+    fact = HostFacts().process(with_engine_read(lines("hostfacts.out")))
     raw = lines("hostfacts.out")
     want = json.loads((H200 / "hostfacts.json").read_text())  # `pyinfra @local fact` a moment later
     want["disk_free"] = int(raw[raw.index("@@nemofleet-fact:disk_free") + 1])  # free space moved in between
@@ -82,6 +105,18 @@ def test_host_facts_real_h200_one_command_output():
     assert fact["docker"]["installed"] is False and fact["cgroup"] == 2
 
 
+def test_host_facts_real_h200_capture_with_the_engine_read():
+    """The whole command of 2026-12-04 on the real H200: no Docker there, so the engine read finds no
+    socket ("down"): not installed, no image, and no part in errors."""
+    raw = lines("hostfacts_engine.out")
+    assert "@@engine down info No such file or directory" in raw
+    fact = HostFacts().process(raw)
+    assert fact["errors"] == {}
+    assert fact["docker"] == DockerInfo().default() and fact["image"] is None
+    assert fact["gpus"]["gpus"][0]["name"] == "NVIDIA H200" and fact["cuda"] == "13.0"
+    assert fact["health"]["gpus"][0]["lost"] is False
+
+
 def test_host_facts_command_is_one_command_exiting_zero():
     cmd = HostFacts().command(models_root="/srv/m", image="vllm/vllm-openai:v0.27.1")
     assert cmd.endswith("; true") and "nvidia-smi --query-gpu=" in cmd and "timeout 20 sh -c" in cmd and " sh /srv/m " in cmd
@@ -91,8 +126,12 @@ def test_container_networks_tolerates_partial_answers():
     from nemofleet.operations.docker import ContainerNetworks
 
     out = ContainerNetworks().process([
-        '/nemotron-0 true {"dify_default":{"Aliases":["nemotron"]}}', "", "garbage", "/nemotron-1 absent"])
-    assert out == {"nemotron-0": {"running": True, "networks": {"dify_default": ["nemotron"]}}, "nemotron-1": None}
+        '@@engine 200 container:nemotron-0 {"Name":"/nemotron-0","State":{"Running":true},'
+        '"NetworkSettings":{"Networks":{"dify_default":{"Aliases":["nemotron"]}}}}', "", "garbage",
+        '@@engine 404 container:nemotron-1 {"message":"No such container: nemotron-1"}',
+        '@@engine 200 container:nemotron-2 {"Name":"/nemotron-2","State":{"Runn'])  # cut off mid-answer
+    assert out == {"nemotron-0": {"running": True, "networks": {"dify_default": ["nemotron"]}}, "nemotron-1": None,
+                   "nemotron-2": None}
 
 
 def test_os_release_release_and_models_on_disk():
@@ -192,9 +231,11 @@ def test_cuda_version_timeout_and_garbage():
 
 
 def test_docker_info_and_image_inspect_timeouts():
-    d = DockerInfo().process(["installed=1", "timeout=1"])
+    d = DockerInfo().process(["installed=1", "@@engine timeout info"])
     assert d["installed"] is True and d["running"] is False
-    assert ImageInfo().process(["timeout", "absent"]) is None
+    assert ImageInfo().process(["@@engine timeout image:x:1"]) is None
+    d = DockerInfo().process(["installed=1", "@@engine error timeout"])  # the whole read stopped
+    assert d["installed"] is True and d["running"] is False
 
 
 def hostfacts_output(**parts):
@@ -208,7 +249,8 @@ def hostfacts_output(**parts):
 def test_host_facts_collects_errors_per_part_and_keeps_going():
     fact = HostFacts().process(hostfacts_output(
         gpus=[GARBAGE, "RC=0"], cuda=["TIMEOUT"], toolkit=["ctk_timeout=1", "ctk=", "hook=1"],
-        docker=["installed=1", "timeout=1"], image=["timeout", "absent"], cgroup=["cgroup2fs"]))
+        engine=["@@engine timeout info", f"@@engine timeout image:{IMAGE}"], docker=["installed=1"],
+        cgroup=["cgroup2fs"]))
     assert fact["errors"] == {
         "gpus": f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}",
         "cuda": "nvidia-smi -q -x did not answer within 20 s (hung driver?)",
@@ -286,29 +328,3 @@ def test_simulated_nvidia_smi_faults_are_opt_in(tmp_path, monkeypatch):
     assert NvidiaGpus().process(run(NvidiaGpus().command()))["rc"] == 124
 
 
-def test_networks_and_containers_are_read_with_one_docker_call_each(tmp_path):
-    """Several networks (or containers) in one `docker` call; an absent one still answers."""
-    import os
-    import subprocess
-
-    from nemofleet.facts.docker import ContainerNetworks, Networks
-
-    calls = tmp_path / "calls"
-    fake = tmp_path / "docker"
-    fake.write_text(f"""#!/bin/sh
-echo "$*" >> {calls}
-case "$1 $2" in
-  "network inspect") echo open-webui_default; echo "Error: No such network: dify_default" >&2; exit 1;;
-  "inspect --type") echo '/nemotron-0 true {{"open-webui_default": {{"Aliases": ["nemotron"]}}}}'; exit 1;;
-esac
-""")
-    fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
-
-    def run(cmd):
-        return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout.splitlines()
-    assert Networks().process(run(Networks().command(names=("open-webui_default", "dify_default")))) == {
-        "open-webui_default": True, "dify_default": False}
-    got = ContainerNetworks().process(run(ContainerNetworks().command(names=("nemotron-0", "nemotron-1"))))
-    assert got == {"nemotron-0": {"running": True, "networks": {"open-webui_default": ["nemotron"]}}, "nemotron-1": None}
-    assert len(calls.read_text().splitlines()) == 2

@@ -7,58 +7,58 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from .gpu import TIMED_OUT, StrictFact, Unreadable
+from . import engine
+from .engine import EngineFact
+from .gpu import Unreadable
 
 ABSENT = "##NEMOFLEET_ABSENT##"
-# `docker info` / `docker image inspect` answer in well under a second from a live dockerd;
-# 20 s means dockerd is hung (a stuck storage driver, a full disk): the host is refused, the run
-# goes on for the others.
-FACT_TIMEOUT = 20
 
 
-class DockerInfo(StrictFact):
-    """{"installed", "running", "server", "cgroup_driver", "cgroup_version", "default_runtime", "runtimes"}."""
+class DockerInfo(EngineFact):
+    """{"installed", "running", "server", "cgroup_driver", "cgroup_version", "default_runtime", "runtimes"}:
+    GET /info, what `docker info` shows."""
+
+    FIELDS = {"server": "ServerVersion", "cgroup_driver": "CgroupDriver", "cgroup_version": "CgroupVersion",
+              "default_runtime": "DefaultRuntime", "runtimes": "Runtimes"}
+
+    def prefix(self) -> str:
+        return "if command -v docker >/dev/null 2>&1; then echo installed=1; else echo installed=0; fi"
 
     def command(self) -> str:
-        fmt = ("server={{.ServerVersion}}\ncgroup_driver={{.CgroupDriver}}\n"
-               "cgroup_version={{.CgroupVersion}}\ndefault_runtime={{.DefaultRuntime}}\n"
-               "runtimes={{json .Runtimes}}")
-        return ("command -v docker >/dev/null 2>&1 || { echo installed=0; exit 0; }; echo installed=1; "
-                f"out=$(timeout {FACT_TIMEOUT} docker info --format {shlex.quote(fmt)} 2>/dev/null); rc=$?; "
-                f"if [ $rc -eq {TIMED_OUT} ]; then echo timeout=1; elif [ $rc -ne 0 ]; then echo running=0; "
-                "else printf '%s\\n' \"$out\"; fi")
+        return self.read()
+
+    def requests(self):
+        return [engine.request("info", "/info")]
 
     def default(self):
         return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
                 "cgroup_version": None, "default_runtime": None, "runtimes": []}
 
-
     def parse(self, output):
         out = self.default()
-        out["running"] = True
-        timed_out = False
-        for line in output:
-            key, _, value = line.strip().partition("=")
-            if key == "installed":
-                out["installed"] = value == "1"
-            elif key == "timeout":
-                timed_out = True
-            elif key == "running":
-                out["running"] = False
-            elif key == "runtimes":
-                try:
-                    out["runtimes"] = sorted(json.loads(value or "{}"))
-                except ValueError:
-                    out["runtimes"] = []
-            elif key == "cgroup_version":
-                out[key] = int(value) if value.isdigit() else None
-            elif key in out:
-                out[key] = value or None
-        if not out["installed"] or out["server"] is None:
-            out["running"] = False
-        if timed_out:
-            raise Unreadable(f"docker info did not answer within {FACT_TIMEOUT} s (dockerd hung?): "
+        out["installed"] = "installed=1" in [x.strip() for x in output]
+        if not out["installed"]:
+            return out  # no docker CLI: nothing else to read (the engine, if any, is not one nemofleet can drive)
+        try:
+            status, body = engine.answer(engine.answers(output), "info")
+        except Unreadable as exc:
+            raise Unreadable(str(exc), out) from None
+        if status == "timeout":
+            raise Unreadable(f"docker info did not answer within {engine.ENGINE_TIMEOUT} s (dockerd hung?): "
                              "check `systemctl status docker` on the host", out)
+        if status != 200 or not isinstance(body, dict):
+            return out  # dockerd is not running (no socket, refused) or not answering as an engine
+        got = {k: body.get(field) for k, field in self.FIELDS.items()}
+        out["running"] = isinstance(got["server"], str) and bool(got["server"])
+        for k in ("server", "cgroup_driver", "default_runtime"):
+            out[k] = got[k] if isinstance(got[k], str) and got[k] else None
+        # "1" or "2" (docker 20.10+); absent on an older engine
+        version = str(got["cgroup_version"] or "")
+        out["cgroup_version"] = int(version) if version.isdigit() else None
+        out["runtimes"] = sorted(k for k in got["runtimes"] or {} if isinstance(k, str)) \
+            if isinstance(got["runtimes"], dict) else []
+        if not out["running"]:
+            out["server"] = None
         return out
 
 
@@ -87,34 +87,31 @@ class DaemonJson(FactBase):
         return {"exists": True, "text": text, "data": data, "error": None}
 
 
-class ImageInfo(FactBase):
-    """{"id", "env"} of a local image, or None when it is not on the host."""
+class ImageInfo(EngineFact):
+    """{"id", "env"} of a local image, or None when it is not on the host: GET /images/{ref}/json,
+    what `docker image inspect` shows."""
 
     def command(self, ref: str) -> str:
-        return (f"timeout {FACT_TIMEOUT} docker image inspect --format '{{{{.Id}}}} {{{{json .Config.Env}}}}' "
-                f"{shlex.quote(ref)} 2>/dev/null; rc=$?; [ $rc -eq {TIMED_OUT} ] && echo timeout; "
-                "[ $rc -eq 0 ] || echo absent")
+        return self.read(ref=ref)
 
-    def process(self, output):
-        """None (absent) on a timeout too: the image op then pulls, itself bounded."""
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
+    def requests(self, ref: str):
+        return [engine.request(engine.key("image", ref), engine.named("images", ref, "/json"))]
 
     def parse(self, output):
-        lines = [x.strip() for x in output if x.strip()]
-        if "timeout" in lines:
-            raise Unreadable(f"docker image inspect did not answer within {FACT_TIMEOUT} s (dockerd hung?)")
-        line = lines[0] if lines else "absent"
-        if line == "absent":
+        """process(): None (absent) on a timeout too: the image op then pulls, itself bounded."""
+        found = engine.answers(output)
+        keys = engine.keyed(found, "image")
+        if not keys:
             return None
-        img_id, _, env = line.partition(" ")
-        try:
-            env_list = json.loads(env) or []
-        except ValueError:
-            env_list = []
-        return {"id": img_id, "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
+        status, body = engine.answer(found, keys[0][1])
+        if status == "timeout":
+            raise Unreadable(f"docker image inspect did not answer within {engine.ENGINE_TIMEOUT} s (dockerd hung?)")
+        if status != 200 or not isinstance(body, dict) or not isinstance(body.get("Id"), str):
+            return None  # 404: not on the host; dockerd not running: not there as far as docker can tell
+        config = body.get("Config")
+        env = config.get("Env") if isinstance(config, dict) else None
+        env_list = [e for e in env if isinstance(e, str)] if isinstance(env, list) else []
+        return {"id": body["Id"], "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
 
 
 class HostAddresses(FactBase):
@@ -136,46 +133,57 @@ class HostAddresses(FactBase):
         return out
 
 
-class Networks(FactBase):
-    """{name: exists} for each Docker network name."""
+class Networks(EngineFact):
+    """{name: exists} for each Docker network name: GET /networks/{name} (`docker network inspect`),
+    a network that answers under its own name (the API also answers an ID or an ID prefix)."""
 
     def command(self, names: tuple[str, ...]) -> str:
-        q = " ".join(shlex.quote(n) for n in names)
-        # one docker call for every name (it prints the ones that exist), then one line per name
-        return (f"found=$(timeout {FACT_TIMEOUT} docker network inspect --format '{{{{.Name}}}}' {q} 2>/dev/null); "
-                f"for n in {q}; do if printf '%s\\n' \"$found\" | grep -qxF -- \"$n\"; then echo \"$n 1\"; "
-                "else echo \"$n 0\"; fi; done")
+        return self.read(names=names)
 
-    def process(self, output):
-        return {line.split()[0]: line.split()[1] == "1" for line in output if line.strip()}
+    def requests(self, names: tuple[str, ...]):
+        return [engine.request(engine.key("network", n), engine.named("networks", n)) for n in names]
 
+    def default(self):
+        return {}
 
-class ContainerNetworks(FactBase):
-    """{container: {"running": bool, "networks": {net: [aliases]}}} (stopped containers too)."""
-
-    def command(self, names: tuple[str, ...]) -> str:
-        q = " ".join(shlex.quote(n) for n in names)
-        fmt = "{{.Name}} {{.State.Running}} {{json .NetworkSettings.Networks}}"
-        # one docker call for every container (it prints the ones that exist), then the absent ones
-        return (f"out=$(timeout {FACT_TIMEOUT} docker inspect --type container -f '{fmt}' {q} 2>/dev/null); "
-                "printf '%s\\n' \"$out\"; "
-                f"for c in {q}; do printf '%s\\n' \"$out\" | cut -d' ' -f1 | grep -qxF -- \"/$c\" || echo \"/$c absent\"; done")
-
-    def process(self, output):
+    def parse(self, output):
+        found = engine.answers(output)
         out = {}
-        for line in output:
-            parts = line.strip().split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("/"):
-                continue  # a container being re-created can print a partial answer
-            name, running, *rest = parts
-            name = name.lstrip("/")
-            if running == "absent":
-                out[name] = None
-                continue
-            try:
-                nets = json.loads(rest[0]) if rest else {}
-            except ValueError:
-                nets = {}
-            out[name] = {"running": running == "true",
-                         "networks": {k: (v or {}).get("Aliases") or [] for k, v in (nets or {}).items()}}
+        for name, key in engine.keyed(found, "network"):
+            status, body = engine.answer(found, key)
+            out[name] = status == 200 and isinstance(body, dict) and body.get("Name") == name
         return out
+
+
+class ContainerNetworks(EngineFact):
+    """{container: {"running": bool, "networks": {net: [aliases]}}} (stopped containers too), None
+    for a container that is not there: GET /containers/{name}/json (`docker inspect`)."""
+
+    def command(self, names: tuple[str, ...]) -> str:
+        return self.read(names=names)
+
+    def requests(self, names: tuple[str, ...]):
+        return [engine.request(engine.key("container", n), engine.named("containers", n, "/json")) for n in names]
+
+    def default(self):
+        return {}
+
+    def parse(self, output):
+        found = engine.answers(output)
+        out = {}
+        for name, key in engine.keyed(found, "container"):
+            status, body = engine.answer(found, key)
+            if status != 200 or not isinstance(body, dict) or body.get("Name") != f"/{name}":
+                out[name] = None  # not there (404), or the engine could not tell
+                continue
+            state, settings = body.get("State"), body.get("NetworkSettings")
+            nets = settings.get("Networks") if isinstance(settings, dict) else None
+            nets = nets if isinstance(nets, dict) else {}
+            out[name] = {"running": isinstance(state, dict) and state.get("Running") is True,
+                         "networks": {k: _aliases(v) for k, v in nets.items() if isinstance(k, str)}}
+        return out
+
+
+def _aliases(endpoint) -> list[str]:
+    aliases = endpoint.get("Aliases") if isinstance(endpoint, dict) else None
+    return [a for a in aliases if isinstance(a, str)] if isinstance(aliases, list) else []

@@ -10,7 +10,7 @@ from ..settings import BY_NAME, DEFAULT_IMAGE
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
 from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
 from .gpuhealth import SMI_HUNG, GpuHealth
-from . import schema
+from . import engine, schema
 from .schema import part_problem
 from .lock import DeployLock  # the lock's scripts: nemofleet.hostcmd
 from .weights import ModelsOnDisk
@@ -122,6 +122,7 @@ class HostFacts(FactBase):
         "health": (GpuHealth, {}),  # docs/gpu-health.md
     }
     MARK = "@@nemofleet-fact:"
+    ENGINE = "engine"  # the section of the Docker parts' shared read
 
     ARGS = ("models_root", "image")
 
@@ -131,9 +132,12 @@ class HostFacts(FactBase):
             yield key, cls(), kw
 
     def command(self, models_root: str = BY_NAME["models_root"].default, image: str = DEFAULT_IMAGE) -> str:
-        chunks = []
-        for key, fact, kw in self._parts({"models_root": models_root, "image": image}):
-            cmd = fact.command(**kw) if callable(fact.command) else fact.command
+        parts = list(self._parts({"models_root": models_root, "image": image}))
+        # the Docker parts share one read of the engine (facts/engine.py), in a section of its own
+        read, shared = engine.shared([(fact, kw) for _, fact, kw in parts])
+        chunks = [f"echo '{self.MARK}{self.ENGINE}'; ( {read} ) 2>/dev/null"] if read else []
+        for (key, fact, kw), own in zip(parts, shared):
+            cmd = own or (fact.command(**kw) if callable(fact.command) else fact.command)
             if key == "gpus":  # kept in $g: a wedged nvidia-smi is not waited for a second time below
                 chunks.append(f"echo '{self.MARK}{key}'; g=$( ( {cmd} ) 2>/dev/null ); printf '%s\\n' \"$g\"")
             elif key == "health":
@@ -158,8 +162,9 @@ class HostFacts(FactBase):
                 sections[current].append(line)
         out: dict = {}
         errors: dict[str, str] = {}
+        read = sections.get(self.ENGINE) or []
         for key, fact, _ in self._parts(dict.fromkeys(self.ARGS, "")):
-            out[key], why = read_part(key, fact, sections.get(key) or [])
+            out[key], why = read_part(key, fact, engine.lines_for(fact, sections.get(key) or [], read))
             if why:
                 errors[key] = why
         out["errors"] = errors

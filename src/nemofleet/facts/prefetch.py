@@ -21,8 +21,11 @@ import json
 from pyinfra import host as current_host
 from pyinfra.api import FactBase
 
+from . import engine
+
 MARK = "@@nemofleet-batch:"
 RC = "@@nemofleet-rc:"
+ENGINE = -1  # the section of the Docker parts' shared read (facts/engine.py)
 _CACHE: dict[str, dict[str, object]] = {}  # host name -> {fact key: value}
 _KNOWN: dict[str, dict[str, object]] = {}  # host name -> {fact key: value} read earlier in this run (HostFacts)
 
@@ -40,10 +43,12 @@ class Batch(FactBase):
     """Several facts in one command: `parts` is a tuple of (fact class path, kwargs as JSON)."""
 
     def command(self, parts: tuple = ()) -> str:
-        chunks = []
-        for i, (path, kw) in enumerate(parts):
-            fact = _cls(path)()
-            cmd = fact.command(**json.loads(kw)) if callable(fact.command) else fact.command
+        facts = [(_cls(path)(), json.loads(kw)) for path, kw in parts]
+        # the Docker parts share one read of the engine (facts/engine.py), in a section of its own
+        read, shared = engine.shared(facts)
+        chunks = [f"echo '{MARK}{ENGINE}'; ( {read} ) 2>/dev/null; echo \"{RC}$?\""] if read else []
+        for i, ((fact, kw), own) in enumerate(zip(facts, shared)):
+            cmd = own or (fact.command(**kw) if callable(fact.command) else fact.command)
             chunks.append(f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\"")
         return "; ".join(chunks) + "; true" if chunks else "true"
 
@@ -55,7 +60,7 @@ class Batch(FactBase):
         current = None
         for line in output:
             if line.startswith(MARK):
-                current = int(line[len(MARK):].strip())
+                current = int(line[len(MARK):].strip())  # ENGINE is -1
                 sections[current] = []
             elif line.startswith(RC) and current is not None:
                 if line[len(RC):].strip() == "0":
@@ -83,12 +88,15 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
     parts = tuple((f"{cls.__module__}.{cls.__name__}", json.dumps(kw, sort_keys=True, default=list))
                   for cls, kw, _ in todo)
     sections = current_host.get_fact(Batch, parts=parts)
+    read = sections.get(ENGINE) or []
     for i, (cls, kwargs, k) in enumerate(todo):
         lines = sections.get(i)
         if lines is None:
             continue
+        fact_ = cls()
+        lines = engine.lines_for(fact_, lines, read)
         try:
-            cache[k] = cls().process(lines) if lines else cls().default()
+            cache[k] = fact_.process(lines) if lines else fact_.default()
         except Exception:  # noqa: BLE001 - that operation reads the fact itself and says why
             continue
     return len(todo)

@@ -1,0 +1,218 @@
+"""Docker facts read from the Docker Engine API, one python for every read of a remote command.
+
+Each `docker` CLI call on a converged host cost about 35 ms of its CPU (the Go client's start
+and dockerd's answer), and a no-op made four: `docker info`, `docker image inspect`, `docker
+network inspect` and `docker inspect`. One `python3 -I -S` asking dockerd over its unix socket for
+all of them costs about a third of that (bench/README figures). The resources are the ones the
+CLI itself asks for (GET /info, /images/{ref}/json, /networks/{name}, /containers/{name}/json),
+so the answers are the same.
+
+An `EngineFact` names its requests (a key and an API path) and reads its value out of the lines
+the read prints, one per request: `@@engine STATUS KEY BODY` (the HTTP status and dockerd's JSON,
+or "down" when no engine answers at the socket -- not installed, not running, or DOCKER_HOST is
+not a unix socket -- or "timeout"). A combined command (HostFacts, prefetch.Batch) reads every
+EngineFact of it at once (`shared`) and hands each part the read's lines (`lines_for`): each
+part takes its own keys.
+
+python3 is already needed on a host for the weights checks (facts/weights.py); without it every
+engine fact says so in one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote as url_quote, unquote as url_unquote
+
+from .. import shell
+from .gpu import TIMED_OUT, StrictFact, Unreadable
+
+MARK = "@@engine "
+# dockerd answers each of these in milliseconds; 20 s for all of a read means dockerd is hung (a
+# stuck storage driver, a full disk): that host is refused, the run goes on for the others.
+ENGINE_TIMEOUT = 20
+# python3 itself is bounded too (a process stuck before its first request): a little over the above
+PROCESS_TIMEOUT = ENGINE_TIMEOUT + 5
+NO_PYTHON = ("python3 is not installed on the host: nemofleet reads the Docker engine and checks the "
+             "weights with it (apt-get install python3-minimal)")
+
+# argv: the deadline in seconds, then a (key, API path) pair per request. One line per request:
+# `@@engine STATUS KEY BODY`, BODY being dockerd's JSON as it sent it (its newlines made spaces,
+# which JSON allows between tokens; a newline inside a string is sent escaped). STATUS is the
+# HTTP status, "down" (nothing answers at the socket) or "timeout"; BODY is then the reason.
+# The host does no JSON: the controller parses it. `_socket`, not `socket`, and no `json`: their
+# imports (enum, re) were two thirds of the read's CPU on a test host (bench/README.md).
+# HTTP/1.0, one connection per request: dockerd closes it after the answer (no chunked body).
+SCRIPT = r"""
+import _socket, os, sys, time
+
+end = time.monotonic() + float(sys.argv[1])
+where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+args = sys.argv[2:]
+out = []
+for i in range(0, len(args) - 1, 2):
+    key, path = args[i], args[i + 1]
+    left = end - time.monotonic()
+    if not where.startswith("unix://"):
+        out.append("@@engine down %s DOCKER_HOST=%s is not a unix socket" % (key, where))
+        continue
+    if left <= 0:
+        out.append("@@engine timeout %s" % key)
+        continue
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.settimeout(left)
+    chunks = []
+    try:
+        s.connect(where[7:])
+        s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\n\r\n" % path).encode())
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    except _socket.timeout:
+        out.append("@@engine timeout %s" % key)
+        continue
+    except OSError as exc:
+        out.append("@@engine down %s %s" % (key, exc.strerror or exc))
+        continue
+    finally:
+        s.close()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    words = head.split(None, 2)
+    status = words[1].decode("ascii", "replace") if len(words) > 1 and words[1].isdigit() else "garbled"
+    body = body.replace(b"\r", b" ").replace(b"\n", b" ").decode("utf-8", "replace")
+    out.append("@@engine %s %s %s" % (status, key, body))
+sys.stdout.write("".join(line + "\n" for line in out))
+"""
+
+
+def request(key: str, path: str) -> tuple[str, str]:
+    """One GET. `key` names the answer (no whitespace: it is a word of the answer's line);
+    `path` is built from API words and names %-quoted by `named` (a name with a space or a CR
+    cannot change the request line)."""
+    if not key or any(c.isspace() or not c.isprintable() for c in key):
+        raise ValueError(f"an engine request key must be one printable word: {key!r}")
+    return key, path
+
+
+def _quoted(name: str) -> str:
+    # as the docker CLI sends a name in a path: `/`, `:` and `@` of an image reference kept,
+    # anything else of note (space, CR, LF, `%`, `?`, `#`, quotes) %-quoted
+    return url_quote(str(name), safe="/:@")
+
+
+def named(prefix: str, name: str, suffix: str = "") -> str:
+    """/prefix/{name}{suffix}, the name %-quoted."""
+    return f"/{prefix}/{_quoted(name)}{suffix}"
+
+
+def key(kind: str, name: str) -> str:
+    """The key of the answer about `name`: one word whatever the name holds (%-quoted)."""
+    return f"{kind}:{_quoted(name)}"
+
+
+def keyed(found: dict, kind: str) -> list[tuple[str, str]]:
+    """[(name, key)] of the answers of one kind, the names as the fact was asked for them."""
+    return [(url_unquote(k[len(kind) + 1:]), k) for k in found if k.startswith(f"{kind}:")]
+
+
+def read_command(requests) -> str:
+    """The shell command that reads `requests` and prints a line per request (or, when python3 is
+    missing or the read itself was stopped, one `@@engine error WHY` line)."""
+    seen, argv = set(), ["timeout", PROCESS_TIMEOUT, "python3", "-I", "-S", "-c", SCRIPT, ENGINE_TIMEOUT]
+    for key, path in requests:
+        if key not in seen:
+            seen.add(key)
+            argv += [key, path]
+    return (f"if command -v python3 >/dev/null 2>&1; then {shell.join(argv)} 2>/dev/null; rc=$?; "
+            f"if [ $rc -eq {TIMED_OUT} ]; then echo '{MARK}error timeout'; "
+            f"elif [ $rc -ne 0 ]; then echo '{MARK}error failed'; fi; "
+            f"else echo '{MARK}error python3'; fi")
+
+
+def is_answer(line: str) -> bool:
+    return line.startswith(MARK)
+
+
+def answers(output) -> dict:
+    """{key: (status, body)} from a read's lines (other lines are ignored); status is an int for
+    an HTTP status, else "down", "timeout" or "garbled"; body is the parsed JSON of an HTTP
+    answer (None when it is not JSON), or the reason's text. Unreadable when the read itself
+    failed or printed nothing."""
+    found: dict = {}
+    saw = False
+    for line in output:
+        if not is_answer(line):
+            continue
+        saw = True
+        status, _, rest = line[len(MARK):].partition(" ")
+        key, _, body = rest.partition(" ")
+        if status == "error":
+            if key == "python3":
+                raise Unreadable(NO_PYTHON)
+            if key == "timeout":
+                raise Unreadable(f"the Docker engine did not answer within {ENGINE_TIMEOUT} s (dockerd hung?): "
+                                 "check `systemctl status docker` on the host")
+            raise Unreadable("the Docker engine read failed on the host (python3 exited with an error)")
+        if status.isdigit():
+            try:
+                found[key] = (int(status), json.loads(body))
+            except ValueError:
+                found[key] = (int(status), None)
+        else:
+            found[key] = (status, body.strip() or None)
+    if not saw:
+        raise Unreadable("the Docker engine read printed nothing")
+    return found
+
+
+def answer(found: dict, key: str) -> tuple[object, object]:
+    """(status, body) of one request; ("down", None) when the read did not make it."""
+    return found.get(key) or ("down", None)
+
+
+class EngineFact(StrictFact):
+    """A fact read from the Engine API: `requests(**kwargs)` names what it asks for and `parse(lines)`
+    takes its keys from `answers(lines)`; `prefix(**kwargs)` is a shell command whose lines come
+    before the read's (DockerInfo: is the docker CLI installed)."""
+
+    def requests(self, **kwargs) -> list[tuple[str, str, str]]:
+        raise NotImplementedError
+
+    def prefix(self, **kwargs) -> str | None:
+        return None
+
+    def process(self, output):
+        """Never raises: a read that failed gives the fact's own fallback (Unreadable.value) or its
+        default (HostFacts calls parse() to get the sentence)."""
+        try:
+            return self.parse(output)
+        except Unreadable as exc:
+            return exc.value if exc.value is not None else self.default()
+
+    def read(self, **kwargs) -> str:
+        """The fact's command on its own (each subclass's `command` names its arguments, as pyinfra
+        and the operation tests read them from its signature)."""
+        pre = self.prefix(**kwargs)
+        read = read_command(self.requests(**kwargs))
+        return f"{pre}; {read}" if pre else read
+
+
+def shared(parts) -> tuple[str | None, list[str | None]]:
+    """For a combined command of parts [(fact, kwargs)]: (the one read of every EngineFact's
+    requests, or None when there is none; per part its command in the combined one: an
+    EngineFact's prefix, or "true", or None for a part that is not an EngineFact and keeps its own
+    command). The combined fact's parser hands the read's lines to each EngineFact (`lines_for`)."""
+    requests, commands = [], []
+    for fact, kwargs in parts:
+        if isinstance(fact, EngineFact):
+            requests += fact.requests(**kwargs)
+            commands.append(fact.prefix(**kwargs) or "true")
+        else:
+            commands.append(None)
+    return (read_command(requests) if requests else None), commands
+
+
+def lines_for(fact, own: list[str], read: list[str]) -> list[str]:
+    """A part's lines in a combined fact: its own, and the shared read's when it is an EngineFact."""
+    return own + read if isinstance(fact, EngineFact) and read else own
