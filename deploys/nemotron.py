@@ -9,6 +9,6 @@ Stages: preflight (refuses a host that cannot serve, before any change) -> host 
 from nemofleet import speed
 from nemofleet.deploy import nemotron
 
-speed.install()  # pyinfra's per-operation call-site lookup without reading source (nemofleet/speed.py)
+speed.install()  # pyinfra's per-operation call-site lookup and global-argument list, cheaper (nemofleet/speed.py)
 
 nemotron()

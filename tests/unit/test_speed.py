@@ -35,3 +35,16 @@ def test_install_replaces_only_the_lookup(monkeypatch):
     monkeypatch.setattr(pyinfra_operation, "get_operation_order_from_stack", speed._original)
     speed.install()
     assert pyinfra_operation.get_operation_order_from_stack is speed.operation_order_from_stack
+
+
+def test_global_arguments_are_pyinfras_own(monkeypatch):
+    """The list read once is the list pyinfra evaluates on every call; install() puts it where
+    pyinfra's operation and fact code look it up."""
+    assert speed.global_arguments() == speed._original_arguments()
+    assert speed.global_arguments() is not speed.global_arguments()  # a new list, as pyinfra's
+    monkeypatch.setattr(speed._arguments, "all_global_arguments", speed._original_arguments)
+    monkeypatch.setattr(speed._facts, "all_global_arguments", speed._original_arguments)
+    speed.install()
+    assert speed._arguments.all_global_arguments is speed.global_arguments
+    assert speed._facts.all_global_arguments is speed.global_arguments
+    assert "_sudo" in [name for name, _ in speed._arguments.all_global_arguments()]
