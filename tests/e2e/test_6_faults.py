@@ -171,6 +171,30 @@ def test_hung_or_garbage_nvidia_smi_refuses_that_host_only_within_bounded_time(c
     assert elapsed < 150, elapsed  # bounded by the facts' 20 s timeout, not by the wedged tool
 
 
+def test_a_frozen_dockerd_refuses_that_host_only_within_bounded_time(converged):
+    """dockerd stopped in its tracks (SIGSTOP: its socket still accepts, nothing answers), as a
+    hung storage driver leaves it: the Engine API read stops at its deadline and refuses that host
+    in one sentence; the rest of the fleet converges as usual and the run does not hang."""
+    before = on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout
+    pid = on("h200-1", "systemctl show -p MainPID --value docker").stdout.strip()
+    assert pid.isdigit() and pid != "0", pid
+    on("h200-1", f"kill -STOP {pid}")
+    try:
+        t0 = time.time()
+        r = pyinfra(hosts=["h200-1", "a100-1"], timeout=300)
+        elapsed = time.time() - t0
+    finally:
+        on("h200-1", f"kill -CONT {pid}")
+    assert r.rc == 1, r.out[-3000:]
+    assert ("nemofleet refused h200-1: could not read docker on this host: docker info did not answer "
+            "within 20 s (dockerd hung?)") in r.out, r.out[-3000:]
+    assert "Traceback" not in r.out and "nemofleet refused a100-1" not in r.out
+    assert r.changed() == [], r.changed()
+    assert on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout == before
+    assert on("h200-1", "timeout 20 docker info --format '{{.ServerVersion}}'").stdout.strip()  # answers again
+    assert elapsed < 150, elapsed  # bounded by the read's 20 s deadline, not by dockerd
+
+
 def test_unit_words_reach_the_program_intact_through_the_hosts_systemd(converged):
     """systemd_word() quoting, judged by the real consumer: the host's systemd parses a unit whose
     ExecStart carries hostile words (as vLLM flag values do) and runs a program that records argv."""
