@@ -48,3 +48,50 @@ def test_global_arguments_are_pyinfras_own(monkeypatch):
     assert speed._arguments.all_global_arguments is speed.global_arguments
     assert speed._facts.all_global_arguments is speed.global_arguments
     assert "_sudo" in [name for name, _ in speed._arguments.all_global_arguments()]
+
+
+def _inventory_state():
+    from pyinfra.api import Config, Inventory, State
+
+    inventory = Inventory(
+        ([("h1", {"_sudo": True, "_sudo_user": "ops", "x": [1]}), ("h2", {})], {"_timeout": 30, "_shell_executable": "bash"}),
+        gpu_h100=(["h1"], {"_timeout": 5, "_env": {"A": "1"}}),
+        gpu_a100=(["h2"], {"_retries": 2}),
+    )
+    state = State(inventory, Config())
+    inventory.override_data["_sudo_user"] = "root"  # as `--data` gives it: above every layer
+    return inventory, state
+
+
+def test_pop_global_arguments_reads_the_same_values_as_pyinfras_own():
+    """pyinfra's function with the host's data merged once gives what it gives on its own: for
+    arguments given, arguments from each data layer (override, host, group, global), defaults."""
+    inventory, state = _inventory_state()
+    for name in ("h1", "h2"):
+        host = inventory.get_host(name)
+        for kwargs in ({}, {"_sudo": False, "_if": [bool]}, {"_timeout": 7, "name": "op", "files": {}}):
+            a, b = dict(kwargs), dict(kwargs)
+            assert speed.pop_global_arguments(state, host, a) == speed._original_pop(state, host, b), (name, kwargs)
+            assert a == b  # the same arguments popped from the operation's keywords
+    got, _ = speed.pop_global_arguments(state, inventory.get_host("h1"), {})
+    assert (got["_sudo"], got["_sudo_user"], got["_timeout"], got["_env"]) == (True, "root", 5, {"A": "1"})
+    got, _ = speed.pop_global_arguments(state, inventory.get_host("h2"), {})
+    assert (got["_sudo"], got["_timeout"], got["_retries"], got["_shell_executable"]) == (False, 30, 2, "bash")
+
+
+def test_merged_data_copies_like_host_data():
+    inventory, _ = _inventory_state()
+    host = inventory.get_host("h1")
+    view = speed._HostView(host)
+    assert view.data.x == host.data.x == [1] and view.data.x is not host.data.x
+    assert view.data.get("nope", 3) == 3 and view.name == "h1"
+    view.data.x.append(2)
+    assert host.data.x == [1]
+
+
+def test_install_puts_the_argument_reader_where_pyinfra_calls_it(monkeypatch):
+    for module in (speed._operation, speed._facts, speed._deploy):
+        monkeypatch.setattr(module, "pop_global_arguments", speed._original_pop)
+    speed.install()
+    assert all(m.pop_global_arguments is speed.pop_global_arguments
+               for m in (speed._operation, speed._facts, speed._deploy))
