@@ -3,7 +3,7 @@
 Each `docker` CLI call on a converged host cost about 35 ms of its CPU (the Go client's start
 and dockerd's answer), and a no-op made four: `docker info`, `docker image inspect`, `docker
 network inspect` and `docker inspect`. One `python3 -I -S` asking dockerd over its unix socket for
-all of them costs about a third of that (bench/README figures). The resources are the ones the
+all of them costs about a third of that (README.md, Speed). The resources are the ones the
 CLI itself asks for (GET /info, /images/{ref}/json, /networks/{name}, /containers/{name}/json),
 so the answers are the same.
 
@@ -40,7 +40,7 @@ NO_PYTHON = ("python3 is not installed on the host: nemofleet reads the Docker e
 # which JSON allows between tokens; a newline inside a string is sent escaped). STATUS is the
 # HTTP status, "down" (nothing answers at the socket) or "timeout"; BODY is then the reason.
 # The host does no JSON: the controller parses it. `_socket`, not `socket`, and no `json`: their
-# imports (enum, re) were two thirds of the read's CPU on a test host (bench/README.md).
+# imports (enum, re) were two thirds of the read's CPU on a test host (README.md, Speed).
 # HTTP/1.0, one connection per request: dockerd closes it after the answer (no chunked body).
 SCRIPT = r"""
 import _socket, os, sys, time
