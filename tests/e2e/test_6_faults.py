@@ -148,6 +148,29 @@ def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(
     assert pyinfra(hosts=["h200-1"]).changed() == []
 
 
+HOST_STATE = "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json"
+
+
+def refused_alone_within_bound(fault: str, undo: str, words: str) -> None:
+    """With `fault` run on h200-1, a converge of h200-1 and a100-1 refuses h200-1 in one sentence
+    (`words`), changes nothing anywhere, and ends well inside its bound (the facts' 20 s timeouts,
+    not the stuck tool); `undo` runs whatever happens."""
+    before = on("h200-1", HOST_STATE).stdout
+    on("h200-1", fault)
+    try:
+        t0 = time.time()
+        r = pyinfra(hosts=["h200-1", "a100-1"], timeout=300)
+        elapsed = time.time() - t0
+    finally:
+        on("h200-1", undo)
+    assert r.rc == 1, r.out[-3000:]
+    assert f"nemofleet refused h200-1: {words}" in r.out, r.out[-3000:]
+    assert "Traceback" not in r.out and "nemofleet refused a100-1" not in r.out
+    assert r.changed() == [], r.changed()
+    assert on("h200-1", HOST_STATE).stdout == before
+    assert elapsed < 150, elapsed
+
+
 @pytest.mark.parametrize("fault, words", [
     ("hang", "could not read gpus on this host: nvidia-smi did not answer within 20 s (hung driver?)"),
     ("garbage", "could not read gpus on this host: nvidia-smi printed output nemofleet cannot read:"),
@@ -155,44 +178,20 @@ def test_revision_change_downloads_the_new_commit_and_rollback_restores_the_old(
 def test_hung_or_garbage_nvidia_smi_refuses_that_host_only_within_bounded_time(converged, fault, words):
     """A wedged driver or unreadable nvidia-smi output refuses that host in one sentence; the rest of
     the fleet converges as usual (here: zero changes) and the run does not hang."""
-    before = on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout
-    on("h200-1", f"echo {fault} > /etc/nemofleet-sim/smi-fault")
-    try:
-        t0 = time.time()
-        r = pyinfra(hosts=["h200-1", "a100-1"], timeout=300)
-        elapsed = time.time() - t0
-    finally:
-        on("h200-1", "rm -f /etc/nemofleet-sim/smi-fault")
-    assert r.rc == 1, r.out[-3000:]
-    assert f"nemofleet refused h200-1: {words}" in r.out, r.out[-3000:]
-    assert "Traceback" not in r.out and "nemofleet refused a100-1" not in r.out
-    assert r.changed() == [], r.changed()
-    assert on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout == before
-    assert elapsed < 150, elapsed  # bounded by the facts' 20 s timeout, not by the wedged tool
+    refused_alone_within_bound(f"echo {fault} > /etc/nemofleet-sim/smi-fault", "rm -f /etc/nemofleet-sim/smi-fault",
+                               words)
 
 
 def test_a_frozen_dockerd_refuses_that_host_only_within_bounded_time(converged):
     """dockerd stopped in its tracks (SIGSTOP: its socket still accepts, nothing answers), as a
     hung storage driver leaves it: the Engine API read stops at its deadline and refuses that host
     in one sentence; the rest of the fleet converges as usual and the run does not hang."""
-    before = on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout
     pid = on("h200-1", "systemctl show -p MainPID --value docker").stdout.strip()
     assert pid.isdigit() and pid != "0", pid
-    on("h200-1", f"kill -STOP {pid}")
-    try:
-        t0 = time.time()
-        r = pyinfra(hosts=["h200-1", "a100-1"], timeout=300)
-        elapsed = time.time() - t0
-    finally:
-        on("h200-1", f"kill -CONT {pid}")
-    assert r.rc == 1, r.out[-3000:]
-    assert ("nemofleet refused h200-1: could not read docker on this host: docker info did not answer "
-            "within 20 s (dockerd hung?)") in r.out, r.out[-3000:]
-    assert "Traceback" not in r.out and "nemofleet refused a100-1" not in r.out
-    assert r.changed() == [], r.changed()
-    assert on("h200-1", "md5sum /etc/systemd/system/nemofleet-vllm-*.service /etc/docker/daemon.json").stdout == before
+    refused_alone_within_bound(f"kill -STOP {pid}", f"kill -CONT {pid}",
+                               "could not read docker on this host: docker info did not answer within 20 s "
+                               "(dockerd hung?)")
     assert on("h200-1", "timeout 20 docker info --format '{{.ServerVersion}}'").stdout.strip()  # answers again
-    assert elapsed < 150, elapsed  # bounded by the read's 20 s deadline, not by dockerd
 
 
 def test_unit_words_reach_the_program_intact_through_the_hosts_systemd(converged):
