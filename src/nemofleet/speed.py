@@ -118,8 +118,8 @@ def pop_global_arguments(state, host, kwargs):
 
 
 def install() -> None:
-    """Use operation_order_from_stack and global_arguments for every operation of this run
-    (idempotent)."""
+    """Use operation_order_from_stack, global_arguments and pop_global_arguments for every
+    operation of this run (idempotent)."""
     if hasattr(inspect, "_get_code_position"):  # else pyinfra's own, unchanged
         _operation.get_operation_order_from_stack = operation_order_from_stack
     _arguments.all_global_arguments = global_arguments  # pop_global_arguments looks it up here

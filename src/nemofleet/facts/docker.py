@@ -57,8 +57,6 @@ class DockerInfo(EngineFact):
         out["cgroup_version"] = int(version) if version.isdigit() else None
         out["runtimes"] = sorted(k for k in got["runtimes"] or {} if isinstance(k, str)) \
             if isinstance(got["runtimes"], dict) else []
-        if not out["running"]:
-            out["server"] = None
         return out
 
 

@@ -176,7 +176,7 @@ class EngineFact(StrictFact):
     takes its keys from `answers(lines)`; `prefix(**kwargs)` is a shell command whose lines come
     before the read's (DockerInfo: is the docker CLI installed)."""
 
-    def requests(self, **kwargs) -> list[tuple[str, str, str]]:
+    def requests(self, **kwargs) -> list[tuple[str, str]]:
         raise NotImplementedError
 
     def prefix(self, **kwargs) -> str | None:
@@ -198,18 +198,18 @@ class EngineFact(StrictFact):
         return f"{pre}; {read}" if pre else read
 
 
-def shared(parts) -> tuple[str | None, list[str | None]]:
+def shared(parts) -> tuple[str | None, list[str]]:
     """For a combined command of parts [(fact, kwargs)]: (the one read of every EngineFact's
     requests, or None when there is none; per part its command in the combined one: an
-    EngineFact's prefix, or "true", or None for a part that is not an EngineFact and keeps its own
-    command). The combined fact's parser hands the read's lines to each EngineFact (`lines_for`)."""
+    EngineFact's prefix, or "true", and any other fact's own command). The combined fact's parser
+    hands the read's lines to each EngineFact (`lines_for`)."""
     requests, commands = [], []
     for fact, kwargs in parts:
         if isinstance(fact, EngineFact):
             requests += fact.requests(**kwargs)
             commands.append(fact.prefix(**kwargs) or "true")
         else:
-            commands.append(None)
+            commands.append(fact.command(**kwargs) if callable(fact.command) else fact.command)
     return (read_command(requests) if requests else None), commands
 
 

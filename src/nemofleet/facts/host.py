@@ -136,8 +136,7 @@ class HostFacts(FactBase):
         # the Docker parts share one read of the engine (facts/engine.py), in a section of its own
         read, shared = engine.shared([(fact, kw) for _, fact, kw in parts])
         chunks = [f"echo '{self.MARK}{self.ENGINE}'; ( {read} ) 2>/dev/null"] if read else []
-        for (key, fact, kw), own in zip(parts, shared):
-            cmd = own or (fact.command(**kw) if callable(fact.command) else fact.command)
+        for (key, _, _), cmd in zip(parts, shared):
             if key == "gpus":  # kept in $g: a wedged nvidia-smi is not waited for a second time below
                 chunks.append(f"echo '{self.MARK}{key}'; g=$( ( {cmd} ) 2>/dev/null ); printf '%s\\n' \"$g\"")
             elif key == "health":

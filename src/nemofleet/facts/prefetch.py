@@ -47,8 +47,7 @@ class Batch(FactBase):
         # the Docker parts share one read of the engine (facts/engine.py), in a section of its own
         read, shared = engine.shared(facts)
         chunks = [f"echo '{MARK}{ENGINE}'; ( {read} ) 2>/dev/null; echo \"{RC}$?\""] if read else []
-        for i, ((fact, kw), own) in enumerate(zip(facts, shared)):
-            cmd = own or (fact.command(**kw) if callable(fact.command) else fact.command)
+        for i, cmd in enumerate(shared):
             chunks.append(f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\"")
         return "; ".join(chunks) + "; true" if chunks else "true"
 
