@@ -58,13 +58,15 @@ def member_address(addresses: dict, s) -> tuple[str, str] | str:
         if (want and iface != want) or (not want and _PLUMBING.match(iface)):
             continue
         for a in addrs:
+            # the facts' schema typed the address (facts/schema.py); the scope id (fe80::1%eth0)
+            # is dropped here, so what reaches the workers' units is the address alone
             try:
-                ip = ipaddress.ip_address(a)
+                ip = ipaddress.ip_address(str(a).partition("%")[0])
             except ValueError:
                 continue
             if ip.is_loopback or ip.is_link_local or ip.is_multicast:
                 continue
-            found.append((not any(ip in n for n in nets), ip.version, iface, a))
+            found.append((not any(ip in n for n in nets), ip.version, iface, str(ip)))
     found.sort()
     if found and (not found[0][0] or s["serving_group_allow_public"]):
         return found[0][2], found[0][3]

@@ -156,11 +156,16 @@ def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, s
     )
 
 
+# bash's /dev/tcp wait: a constant program; the address and port reach it as its arguments
+# ($1, $2), never as part of its text
+JOIN_WAIT_SCRIPT = 'until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do sleep 2; done'
+
+
 def join_wait(address: str, port: int, timeout: int) -> list[str]:
-    """argv that waits (at most `timeout` s) until `address:port` accepts a TCP connection."""
-    target = f"/dev/tcp/{address}/{int(port)}"
-    return ["/usr/bin/timeout", str(int(timeout)), "/bin/bash", "-c",
-            f"until (exec 3<>{target}) 2>/dev/null; do sleep 2; done"]
+    """argv that waits (at most `timeout` s) until `address:port` accepts a TCP connection.
+    `address` is the head's typed IP (multinode.member_address); it is still only an argument."""
+    return ["/usr/bin/timeout", str(int(timeout)), "/bin/bash", "-c", JOIN_WAIT_SCRIPT, "join-wait",
+            str(address), str(int(port))]
 
 
 def _bracketed(address: str) -> str:

@@ -87,6 +87,58 @@ def ip_problem(value) -> str | None:
     return None
 
 
+# A scope id as a host may report it in `ip -o addr` (fe80::1%eth0): an interface name or a
+# number. Only fact addresses may carry one, and it never reaches a command line: the serving
+# group's member address drops it (multinode.member_address), settings refuse it (ip_problem).
+_SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def fact_ip_problem(value) -> str | None:
+    """An address as a host reports it (a fact): IPv4, or IPv6 with an optional scope id of
+    letters, digits, '_', '.', '-'. What a compromised host could put after '%' (`$(id)`, a
+    quote, a slash) is refused here, at the edge, before any decision reads it."""
+    if not isinstance(value, str) or len(value) > 128:
+        return f"{value!r} is not an IP address"
+    addr, sep, scope = value.partition("%")
+    if sep and not _SCOPE_ID.fullmatch(scope):
+        return f"{value!r} has a scope id that is not an interface name or number"
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        return f"{value!r} is not an IP address"
+    return None
+
+
+# nvidia-smi's formats (../shared/captures/h200/nvidia-smi-q.txt, tests/fixtures/gpu/h200/):
+# GPU-52f85421-656d-13c5-c3e9-04deeba4a042 and 00000000:00:06.0. A UUID reaches `docker run
+# --gpus device=...` and unit files: anything else (a ',' would add a --gpus option) is refused.
+GPU_UUID = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
+
+
+# a network interface name as the kernel allows it (IFNAMSIZ: 15 characters, no '/' or space);
+# it reaches NCCL_SOCKET_IFNAME in a unit file
+INTERFACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}")
+
+
+def interface_problem(value) -> str | None:
+    if isinstance(value, str) and INTERFACE.fullmatch(value):
+        return None
+    return f"{value!r} is not a network interface name"
+
+
+def gpu_uuid_problem(value) -> str | None:
+    if isinstance(value, str) and GPU_UUID.fullmatch(value):
+        return None
+    return f"{value!r} is not a GPU UUID as nvidia-smi prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+
+
+def bus_id_problem(value) -> str | None:
+    if isinstance(value, str) and PCI_BUS_ID.fullmatch(value):
+        return None
+    return f"{value!r} is not a PCI bus id as nvidia-smi prints it (00000000:19:00.0)"
+
+
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 DNS_NAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
@@ -107,6 +159,36 @@ def network_problem(value) -> str | None:
         ipaddress.ip_network(value, strict=False)
     except ValueError:
         return f"{value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+    return None
+
+
+# ---------------------------------------------------------------------------- paths
+
+# Directories of the system: a directory nemofleet writes into or serves (models_root: the fleet
+# seed key's read-only rsync serves all of it; prom_dir) may be none of these nor lie below the
+# ones marked with a slash (the kernel's, the configuration's, the boot loader's).
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+               "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin",
+               "/usr/lib", "/usr/local", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/run",
+               "/var/tmp", "/var/lib/docker")
+SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib32/", "/lib64/", "/proc/", "/root/", "/run/",
+                "/sbin/", "/sys/", "/usr/bin/", "/usr/lib/", "/usr/sbin/", "/var/lib/docker/")
+_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
+
+
+def managed_dir_problem(value) -> str | None:
+    """An absolute, normalised directory that nemofleet may own on a host: no '..', '.', '//' or
+    trailing '/', not the root or a system directory, not inside the system's own trees."""
+    if not isinstance(value, str) or not _PATH.fullmatch(value) or len(value) > 4096:
+        return f"{value!r} must be an absolute path of letters, digits and ._+@- (e.g. /srv/nemofleet/models)"
+    parts = value.split("/")[1:]
+    if value != "/" and (value.endswith("/") or any(p in ("", ".", "..") for p in parts)):
+        return f"{value!r} must be a normalised path (no '..', '.', '//' or trailing '/')"
+    if value in SYSTEM_DIRS:
+        return (f"{value!r} is a system directory; nemofleet would write into it or serve all of it to the fleet's "
+                "seed key: give a directory of its own, e.g. /srv/nemofleet/models")
+    if any(value.startswith(tree) for tree in SYSTEM_TREES):
+        return f"{value!r} lies inside the system's own tree {value.split('/')[1]!r}; give a directory of its own"
     return None
 
 

@@ -164,7 +164,8 @@ def test_tcp_reach_fact():
     from nemofleet.facts.network import TcpReach
 
     cmd = TcpReach().command("10.0.0.1", 29501)
-    assert cmd.startswith("if timeout 3 bash -c \"exec 3<>'/dev/tcp/10.0.0.1/29501'\"") or "/dev/tcp/10.0.0.1/29501" in cmd
+    # a constant program; the address and the port are its arguments
+    assert cmd.startswith("if timeout 3 bash -c 'exec 3<>\"/dev/tcp/$1/$2\"' reach 10.0.0.1 29501 ")
     assert [TcpReach().process([w]) for w in ("open", "refused", "silent", "junk")] == ["open", "refused", "silent", None]
     # against loopback only: a closed port answers "refused"
     assert subprocess.run(["bash", "-c", TcpReach().command("127.0.0.1", 9)], capture_output=True,
@@ -230,8 +231,9 @@ def test_worker_unit_waits_for_the_head_and_runs_on_the_host_network():
     worker = desired.build("a100-2", group(), ps["a100-2"], SECRETS, peers=ps)
     (hu,), (wu,) = [c for c, _ in head.units.values()], [c for c, _ in worker.units.values()]
     assert "--network=host" in wu and " -p " not in wu and "--network=host" in hu
+    # the wait is a constant program; the head's address and port are its arguments ($1, $2)
     assert ("ExecStartPre=/usr/bin/timeout 600 /bin/bash -c "
-            "'until (exec 3<>/dev/tcp/10.0.0.1/29501) 2>/dev/null; do sleep 2; done'") in wu
+            "'until (exec 3<>\"/dev/tcp/$$1/$$2\") 2>/dev/null; do sleep 2; done' join-wait 10.0.0.1 29501") in wu
     assert "/dev/tcp" not in hu
     assert "rank 1 (worker) of serving group svl" in wu
     assert worker.ready_command is None and "wait_ready nemotron-svl http://127.0.0.1:8000/health 1200;" in head.ready_command

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shlex
-
 from pyinfra.api import FactBase
+
+from .. import shell
 
 REACH_TIMEOUT = 3  # seconds: a reachable host answers a TCP SYN (accepted or refused) in well under this
 
@@ -15,8 +15,10 @@ class TcpReach(FactBase):
     TCP connection from this host to address:port. Uses bash's /dev/tcp (no nc needed)."""
 
     def command(self, address: str, port: int) -> str:
-        target = shlex.quote(f"/dev/tcp/{address}/{int(port)}")
-        return (f"if timeout {REACH_TIMEOUT} bash -c \"exec 3<>{target}\" 2>/dev/null; then echo open; "
+        # a constant program; the address and port are its arguments, joined by the one boundary
+        probe = shell.join(["timeout", REACH_TIMEOUT, "bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "reach",
+                            address, int(port)])
+        return (f"if {probe} 2>/dev/null; then echo open; "
                 f"elif [ $? -eq 124 ]; then echo silent; else echo refused; fi")
 
     def process(self, output):

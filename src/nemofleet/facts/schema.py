@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..valuetypes import INT_MAX, is_number
+from ..valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class List:
 @dataclass(frozen=True)
 class Map:
     spec: object
+    key: object = None  # a Check for the keys (None: any string)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ class Obj:
     fields: dict
 
 
+@dataclass(frozen=True)
+class Check:
+    """A string of a constrained type: `problem(value)` is None or the sentence's tail
+    (valuetypes' *_problem functions: a GPU UUID, a PCI bus id, an address)."""
+    problem: object
+
+
 ANY = object()
 
 _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
@@ -56,6 +64,9 @@ def _problem(value, spec, where: str) -> str | None:
         return None
     if isinstance(spec, Opt):
         return None if value is None else _problem(value, spec.spec, where)
+    if isinstance(spec, Check):
+        why = spec.problem(value)
+        return f"{where} {why}" if why else None
     if isinstance(spec, Int):
         if isinstance(value, bool) or not isinstance(value, int) or not spec.minimum <= value <= spec.maximum:
             return f"{where} is {value!r}, not an integer from {spec.minimum} to {spec.maximum}"
@@ -74,6 +85,8 @@ def _problem(value, spec, where: str) -> str | None:
         for k, v in value.items():
             if not isinstance(k, str):
                 return f"{where} has a key {k!r} that is not a string"
+            if spec.key is not None and spec.key.problem(k):
+                return f"{where} has a key {spec.key.problem(k)}"
             why = _problem(v, spec.spec, f"{where}[{k!r}]")
             if why:
                 return why
@@ -106,8 +119,9 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-GPU = Obj({"index": Int(0, 1023), "uuid": str, "name": str, "memory_mib": Int(1, 2**31), "?cc": Opt(str),
-           "?bus_id": Opt(str), "?mig": Opt(str), "?persistence": Opt(str), "?driver": Opt(str)})
+# the uuid and bus id reach `docker run --gpus device=...`, unit files and commands: typed here
+GPU = Obj({"index": Int(0, 1023), "uuid": Check(gpu_uuid_problem), "name": str, "memory_mib": Int(1, 2**31),
+           "?cc": Opt(str), "?bus_id": Opt(Check(bus_id_problem)), "?mig": Opt(str), "?persistence": Opt(str), "?driver": Opt(str)})
 
 # config.json fields the plan reads (ModelsOnDisk keeps only these): numbers are numbers
 CHECKPOINT_CONFIG = Obj({"?architectures": List(str), "?max_position_embeddings": Int(1, 2**31),
@@ -136,11 +150,12 @@ PARTS = {
     "release": Opt(Map(str)),
     "gpu_access": Opt(str),
     "lock": Opt(dict),
-    "addresses": Map(List(str)),
+    # a serving group's head address reaches every worker's unit: typed here, before any decision
+    "addresses": Map(List(Check(fact_ip_problem)), key=Check(interface_problem)),
     "rdma": List(str),
     # facts/gpuhealth.py: per-GPU values keep nvidia-smi's query names and may be its own text in a
     # facts file ("Yes", "[N/A]"); gpuhealth.admit types each value where it reads it
-    "health": Obj({"?gpus": List(Obj({"uuid": str})), "?refused_fields": List(str),
+    "health": Obj({"?gpus": List(Obj({"uuid": Check(gpu_uuid_problem)})), "?refused_fields": List(str),
                    "?xids": List(Obj({"code": int})), "?resets": Map(ANY), "?drained": Map(ANY),
                    "?fabric_manager": Opt(dict), "?error": Opt(str), "?boot_time": ANY}),
 }
