@@ -236,11 +236,9 @@ def _data(pairs: list[str]) -> dict:
             sys.exit(f"--data {pair!r} must be KEY=VALUE")
         from . import settings
 
-        if k in settings.BY_NAME and settings.BY_NAME[k].secret:
-            sys.exit(f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
-                     f"set {k}_file in group data instead" if k + "_file" in settings.BY_NAME else
-                     f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
-                     "set it in group data instead")
+        why = settings.command_line_secret(k)
+        if why:
+            sys.exit(f"nemofleet: {why}")
         out[k] = v
     return out
 

@@ -127,7 +127,8 @@ def host_inputs() -> HostInputs:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
     return inputs.make(host.name, d, facts, inputs.read_secrets(d), groups=host.groups, operator=operator(),
-                       lock_token=runlock.token(), now=time.time(), peers=peers, peer_data=peer_data)
+                       lock_token=runlock.token(), now=time.time(), peers=peers, peer_data=peer_data,
+                       command_line=tuple(getattr(host.inventory, "override_data", None) or ()))
 
 
 def desired() -> Desired:

@@ -22,6 +22,7 @@ from . import hostcmd as fleet_commands
 from . import planning
 from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
 from .plan import Plan, effective_cgroup_driver
+from .secret import SshPublicKey, reveal
 
 FileMap = dict  # {path: (content, mode)}
 
@@ -165,25 +166,31 @@ def cdi_command(p: Plan, facts: dict) -> str | None:
 # ---------------------------------------------------------------------------- files
 
 
-def seed_authorized_key(public_key: str, models_root: str) -> str:
+def seed_authorized_key(public_key: SshPublicKey, models_root: str, networks=()) -> str:
     """The fleet seed key may only read the models root with rsync on this host: one compromised
-    host must not be root on all. OpenSSH's `restrict` (no pty, no forwarding) and a forced
-    command: rsync's own restricted wrapper, read-only, rooted at the models directory."""
-    return f'restrict,command="/usr/bin/rrsync -ro {models_root}" {public_key}'
+    host must not be root on all. OpenSSH's `restrict` (no pty, no forwarding), `from=` the
+    fleet's networks (weights_seed_networks, CIDR: sshd(8) AUTHORIZED_KEYS FILE FORMAT) and a
+    forced command: rsync's own restricted wrapper, read-only, rooted at the models directory.
+    The line is nemofleet's own: the key is the parsed type and blob (secret.parse_public_key),
+    never the file's options, comment or a second line; models_root is a confined path
+    (settings: no quote, space or system directory)."""
+    where = f'from="{",".join(networks)}",' if networks else ""
+    return f'restrict,{where}command="/usr/bin/rrsync -ro {models_root}" {public_key.line()} nemofleet-fleet-seed'
 
 
 def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list[str]]:
-    key = secrets["vllm_api_key"]
+    # the one place secret values are revealed: into 0600 files (secret.Secret)
+    key = reveal(secrets["vllm_api_key"])
     out = {paths.VLLM_ENV: (render.env_file({"VLLM_API_KEY": key}), "0600"),
            paths.API_AUTH: (f"Authorization: Bearer {key}\n", "0600"),
            paths.HEALTH_CONF: (render.health_conf(s), "0600")}
     absent = []
     if secrets.get("hf_token"):
-        out[paths.HF_ENV] = (render.env_file({"HF_TOKEN": secrets["hf_token"]}), "0600")
+        out[paths.HF_ENV] = (render.env_file({"HF_TOKEN": reveal(secrets["hf_token"])}), "0600")
     else:
         absent.append(paths.HF_ENV)
     if secrets.get("weights_seed_key"):
-        out[paths.SEED_KEY] = (secrets["weights_seed_key"].strip() + "\n", "0600")
+        out[paths.SEED_KEY] = (reveal(secrets["weights_seed_key"]).strip() + "\n", "0600")
     return out, absent
 
 
@@ -287,16 +294,11 @@ def audit_command(operator: str, line: str) -> str:
 
 
 def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
+    # each secret's form was checked where it was read (inputs.read_secrets); what is left to
+    # decide is whether the host may serve without one
     if not secrets.get("vllm_api_key"):
         d.refusals.append("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
                           "so /v1 is not open to anyone who can reach the port")
-    for name in SECRET_KEYS:
-        value = secrets.get(name)
-        key = settings_mod.BY_NAME.get(name)
-        if value and key is not None:
-            why = settings_mod._check(key, value.strip() if name.endswith("_key") else value)
-            if why:
-                d.refusals.append(why + f" (read from {name}_file)" if s[f"{name}_file"] else why)
 
 
 # Keys each member of a serving group may set on its own; every other key must be the same on all
@@ -404,8 +406,9 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.secret_files, d.absent = secret_files(s, secrets)
     d.secret_dirs = {paths.ETC: "0700"}
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
-        d.seed_public_key = secrets["weights_seed_public_key"].strip()
-        d.authorized_key = seed_authorized_key(d.seed_public_key, s["models_root"])
+        d.seed_public_key = secrets["weights_seed_public_key"].line()
+        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"], s["models_root"],
+                                               s["weights_seed_networks"])
     d.cdi_command = cdi_command(p, facts)
     d.image = p.image
     d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
@@ -494,7 +497,7 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
     d.front_door_config = render.front_door_config(p, s, bridge)
     d.front_door_files = {paths.FRONT_DOOR_DROPIN: (render.FRONT_DOOR_DROPIN_TEXT, "0644"),
                           paths.DRAIN_SCRIPT: (render.drain_script(p, s), "0755")}
-    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {secrets['vllm_api_key']}\n", "0600")}
+    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")}
     # a running instance whose unit changed: drained, restarted, ready, back in (under the health
     # check's lock, so a self-heal never runs meanwhile); one not running is started by units.running
     # a serving group's one instance cannot be drained to others, and must restart with the rest of
@@ -568,7 +571,7 @@ def _gateway(i: HostInputs) -> Desired:
         return d
     d.front_door = True
     d.front_door_config = gateway_config(host, s)
-    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {secrets['vllm_api_key']}\n", "0600")}
+    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")}
     d.secret_dirs = {paths.ETC: "0700"}
     where = host if s["gateway_address"] in ("0.0.0.0", "::") else s["gateway_address"]
     d.frontend_lines = [f"gateway: base URL http://{render.url_host(where)}:"

@@ -29,6 +29,7 @@ from typing import Mapping
 from . import models as catalog
 from . import settings as settings_mod
 from .lockinfo import lock_refusal
+from .secret import Secret, parse_public_key
 
 # Secrets the controller reads for the host (values, never paths).
 SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")
@@ -153,20 +154,89 @@ def group_problems(groups, facts: Mapping) -> tuple[list[str], list[str]]:
     return refusals, warnings
 
 
-def read_secrets(data: dict) -> dict:
-    """Secret values from host data or from their files on the controller (never logged)."""
-    out = {}
+class Secrets(dict):
+    """{name: Secret | SshPublicKey | None} read for one host at the edge, and `problems`: one
+    sentence per secret that is set but cannot be used (an unreadable or missing file, a value
+    of the wrong form), naming the setting and never the value."""
+
+    problems: tuple[str, ...] = ()
+
+
+def _read_secret_file(name: str, path: str, explicit: bool) -> tuple[str | None, str | None]:
+    """(text, problem) of a secret file on the controller. A default path that does not exist is
+    no secret; a path the operator set that is missing, a directory, unreadable or not UTF-8 is
+    named as such (never silently dropped, never misreported as "no key")."""
+    full = os.path.expanduser(path)
+    try:
+        if not os.path.isfile(full):
+            if not os.path.exists(full) and not explicit:
+                return None, None
+            what = "does not exist" if not os.path.exists(full) else "is not a regular file"
+            return None, f"{name}_file {path} {what}; point it at the file that holds {name}"
+        if os.path.getsize(full) > 65536:
+            return None, f"{name}_file {path} is larger than 64 KiB; it must hold {name} alone"
+        with open(full, "rb") as f:
+            text = f.read().decode("utf-8").strip()
+        return (text, None) if text else (None, f"{name}_file {path} is empty; it must hold {name}")
+    except UnicodeDecodeError:
+        return None, f"{name}_file {path} is not UTF-8 text"
+    except OSError as exc:
+        return None, (f"{name}_file {path} is unreadable ({exc.strerror or type(exc).__name__}); give the user "
+                      "running nemofleet read access to it")
+
+
+def read_secrets(data: dict) -> Secrets:
+    """Secret values from host data or from their files on the controller, typed at the edge:
+    each a `Secret` (never shown), the seed public key an `SshPublicKey` (one key of a known
+    type), or None; `problems` names what is set and unusable."""
+    out, problems = Secrets(), []
+    data = data if isinstance(data, Mapping) else {}
     for name in SECRET_KEYS:
         value = data.get(name)
         key = settings_mod.BY_NAME.get(f"{name}_file")
+        explicit = f"{name}_file" in data and data.get(f"{name}_file") is not None
         path = data.get(f"{name}_file", key.default if key is not None else None)
-        if not value and isinstance(path, str) and path:
-            try:
-                with open(os.path.expanduser(path)) as f:
-                    value = f.read().strip()
-            except OSError:
-                value = None
-        out[name] = value if isinstance(value, str) and value else None
+        origin = name
+        if not (isinstance(value, str) and value) and isinstance(path, str) and path:
+            value, why = _read_secret_file(name, path, explicit)
+            origin = f"{name}_file {path}"
+            if why:
+                problems.append(why)
+                out[name] = None
+                continue
+        if not (isinstance(value, str) and value):
+            out[name] = None
+            continue
+        if name == "weights_seed_public_key":
+            parsed = parse_public_key(value)
+            if isinstance(parsed, str):
+                problems.append(f"{origin} {parsed}")
+                parsed = None
+            out[name] = parsed
+            continue
+        own = settings_mod.BY_NAME.get(name)
+        why = settings_mod._check(own, value.strip() if name.endswith("_key") else value) if own else None
+        if why:  # the sentence of a secret key never holds its value (settings._check)
+            problems.append(why + (f" (read from {origin})" if origin != name else ""))
+            out[name] = None
+            continue
+        out[name] = Secret(value.strip() if name.endswith("_key") else value)
+    out.problems = tuple(problems)
+    return out
+
+
+def typed_secrets(secrets: Mapping | None) -> Secrets:
+    """Secrets as the decision reads them: a mapping given by a caller (a test, a facts-file
+    plan) is typed here like read_secrets' own values."""
+    if isinstance(secrets, Secrets):
+        return secrets
+    out = Secrets()
+    for name, value in (secrets or {}).items():
+        if name == "weights_seed_public_key" and isinstance(value, str):
+            parsed = parse_public_key(value)
+            out[name] = parsed if not isinstance(parsed, str) else None
+        else:
+            out[name] = Secret(value) if isinstance(value, str) and value else value or None
     return out
 
 
@@ -191,18 +261,23 @@ def _pin_revision(data: dict, commits: Mapping, refusals: list, warnings: list) 
 
 def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = None, *, groups=(),
          lock_token: str | None = None, now: float = 0.0, operator: str = "root",
-         peers: Mapping | None = None, peer_data: Mapping | None = None) -> HostInputs:
+         peers: Mapping | None = None, peer_data: Mapping | None = None, command_line=()) -> HostInputs:
     """The one constructor. `facts` is the host's HostFacts, with `commits` ({(endpoint, repo,
     revision): {"sha"} | {"error"}}) where a revision was resolved; `lock_token`/`now`: the deploy
     lock this run may hold and the time (a lock in `facts` refuses a run without its token; pass
-    facts without `lock` for a read-only plan); `groups`: the host's groups as pyinfra lists them."""
+    facts without `lock` for a read-only plan); `groups`: the host's groups as pyinfra lists them;
+    `command_line`: the keys pyinfra's --data gave (a secret among them refuses the host)."""
     data = dict(data or {})
     facts = dict(facts or {})
+    secrets = typed_secrets(secrets)
     groups = unique_groups(name, groups)
     refusals, warnings = group_problems(groups, facts)
     if not isinstance(name, str) or settings_mod.vt.text_problem(name) or not name.strip():
         # the name reaches unit comments, HAProxy configs and messages: one line, printable
         refusals.append(f"the inventory host name {name!r} has a control character (a newline...); rename it")
+    refusals += secrets.problems
+    # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
+    refusals += [why for why in map(settings_mod.command_line_secret, command_line) if why]
     locked = lock_refusal(facts.get("lock"), lock_token, now)
     if locked:
         refusals.append(locked)
@@ -221,7 +296,7 @@ def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = Non
                         "on its own")
     peer_data = {m: v for m, v in (peer_data or {}).items() if m != name} if peer_data is not None else None
     return HostInputs(name=name, data=MappingProxyType(data), settings=s, facts=MappingProxyType(facts),
-                      secrets=MappingProxyType(dict(secrets or {})), groups=groups, refusals=tuple(refusals),
+                      secrets=MappingProxyType(secrets), groups=groups, refusals=tuple(refusals),
                       warnings=tuple(warnings), operator=operator, now=now,
                       peers=MappingProxyType(dict(peers)) if peers is not None else None,
                       peer_data=MappingProxyType(peer_data) if peer_data is not None else None)

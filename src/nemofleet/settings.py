@@ -285,7 +285,8 @@ KEYS: list[Key] = [
         check=_str_map("image", IMAGE, HOME_PATH)),
     Key("image_registry_rewrite", (_D,), {}, "{prefix: replacement} for registries Docker's mirrors do not cover",
         "model", check=_str_map("prefix", r"[a-z0-9][a-z0-9._/:-]*", r"[a-z0-9][a-z0-9._/:-]*")),
-    Key("models_root", (_S,), "/srv/nemofleet/models", "weights directory on the host", "model", pattern=ABS_PATH),
+    Key("models_root", (_S,), "/srv/nemofleet/models", "weights directory on the host (the fleet seed key may read "
+        "all of it: never / or a system directory)", "model", pattern=ABS_PATH, check=vt.managed_dir_problem),
     # --- serving plan
     Key("max_model_len", (_I, _N), None, "context length (default: the model's default context)", "serving",
         minimum=1, maximum=2**27),
@@ -360,8 +361,11 @@ KEYS: list[Key] = [
         "weights", secret=True, multiline=True, check=_pem_key),
     Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
         pattern=HOME_PATH),
-    Key("weights_seed_public_key_file", (_S, _N), None, "its public key, authorised read-only on every host",
-        "weights", pattern=HOME_PATH),
+    Key("weights_seed_public_key_file", (_S, _N), None, "its public key (exactly one), authorised read-only on every "
+        "host", "weights", pattern=HOME_PATH),
+    Key("weights_seed_networks", (_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
+        "networks (CIDR) the fleet seed key is accepted from (authorized_keys from=; default: the private ranges)",
+        "weights", check=lambda v: _networks(v) or (None if v else "must list at least one network")),
     # --- Docker daemon.json and proxies
     Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
         pattern=r"[a-z0-9][a-z0-9_.-]*"),
@@ -441,7 +445,7 @@ KEYS: list[Key] = [
     Key("health_webhook_url", (_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
         secret=True, pattern=SAFE_URL),
     Key("prom_dir", (_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
-        pattern=ABS_PATH),
+        pattern=ABS_PATH, check=vt.managed_dir_problem),
     Key("expected_host_key", (_S, _N), None,
         "SSH host key fingerprint `nemofleet rebuild` expects of the reinstalled host (SHA256:...)", "fleet",
         pattern=r"SHA256:[A-Za-z0-9+/]{43}"),
@@ -553,6 +557,26 @@ def unknown_key_sentence(name: str) -> str:
     close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
     hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
     return f"unknown setting {name!r}{hint}"
+
+
+# pyinfra's own secret host data (connector passwords, the sudo/su password argument)
+PYINFRA_SECRET_KEYS = ("ssh_password", "ssh_key_password", "_sudo_password", "_su_password", "winrm_password")
+
+
+def command_line_secret(name) -> str | None:
+    """One sentence when `--data NAME=...` would put a secret on a command line (readable in
+    `ps` and shell history), naming the setting to use instead; None for other keys. The value
+    is never part of the sentence."""
+    if not isinstance(name, str):
+        return None
+    if name in BY_NAME and BY_NAME[name].secret:
+        instead = (f"set {name}_file (a 0600 file on the controller) in group data instead" if f"{name}_file" in BY_NAME
+                   else "set it in group data (or the file setting of the same name) instead")
+        return f"--data {name}=... would put a secret on pyinfra's command line (readable in ps); {instead}"
+    if name in PYINFRA_SECRET_KEYS:
+        return (f"--data {name}=... would put a password on pyinfra's command line (readable in ps); use an SSH key "
+                "or agent, or set it in the inventory's host data")
+    return None
 
 
 def is_foreign(name: str) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import desired, paths
+from nemofleet import desired, inputs, paths
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_desired"
@@ -140,11 +140,87 @@ def test_secrets_only_in_0600_files_never_in_units_or_scripts():
     assert "hooks.example.internal" in d.secret_files[paths.HEALTH_CONF][0]
 
 
+SEED_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu fleet"
+SEED_LINE = SEED_PUB.rsplit(" ", 1)[0]
+
+
 def test_seed_key_is_restricted_to_a_read_only_rsync():
     d = desired.build("h", {}, facts(), dict(SECRETS, weights_seed_key="-----BEGIN OPENSSH X-----\nabc\n-----END",
-                                              weights_seed_public_key="ssh-ed25519 AAAAC3 fleet"))
-    assert d.authorized_key == 'restrict,command="/usr/bin/rrsync -ro /srv/nemofleet/models" ssh-ed25519 AAAAC3 fleet'
-    assert d.seed_public_key == "ssh-ed25519 AAAAC3 fleet"  # the applier finds our line by this key
+                                              weights_seed_public_key=SEED_PUB))
+    # nemofleet's own line: restrict, from= the private ranges (weights_seed_networks), the forced
+    # read-only rsync, the key's type and blob (never the file's comment or options)
+    assert d.authorized_key == ('restrict,from="10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fd00::/8",'
+                                'command="/usr/bin/rrsync -ro /srv/nemofleet/models" ' + SEED_LINE + ' nemofleet-fleet-seed')
+    assert d.seed_public_key == SEED_LINE  # the applier finds our line by this key
+    d = desired.build("h", {"weights_seed_networks": ["10.1.0.0/16"]}, facts(),
+                      dict(SECRETS, weights_seed_key="-----BEGIN OPENSSH X-----\nabc\n-----END",
+                           weights_seed_public_key=SEED_PUB))
+    assert d.authorized_key.startswith('restrict,from="10.1.0.0/16",command=')
+
+
+@pytest.mark.parametrize("text", [
+    SEED_PUB + "\n" + SEED_PUB.replace("fleet", "second"),  # a second line: it would be an unrestricted root key
+    'command="/bin/sh" ' + SEED_PUB,  # options of its own
+    "ssh-ed25519 AAAAC3 fleet",  # not a key
+    "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu x",  # type and blob disagree
+    "", "\n\n# only a comment\n",
+])
+def test_a_seed_public_key_file_must_hold_exactly_one_key(tmp_path, text):
+    pub = tmp_path / "seed.pub"
+    pub.write_text(text)
+    key = tmp_path / "seed"
+    key.write_text("-----BEGIN OPENSSH TEST KEY-----\nabc\n-----END OPENSSH TEST KEY-----\n")
+    data = {"weights_seed_key_file": str(key), "weights_seed_public_key_file": str(pub)}
+    s = inputs.read_secrets(data)
+    assert s["weights_seed_public_key"] is None
+    assert len(s.problems) == 1 and s.problems[0].startswith(f"weights_seed_public_key_file {pub} ")
+    d = desired.build("h", data, facts(), dict(SECRETS, **{k: v for k, v in s.items() if k != "vllm_api_key"}))
+    assert d.authorized_key is None
+
+
+@pytest.mark.parametrize("root", ["/", "/etc", "/root", "/etc/nemofleet", "/usr", "/var/lib/docker/x", "/srv/../etc",
+                                  "/srv/m/", "/srv//m", "/proc/1"])
+def test_models_root_is_a_directory_of_its_own(root):
+    d = desired.build("h", {"models_root": root}, facts(), SECRETS)
+    assert not d.ok and d.refusals[0].startswith(f"models_root {root!r}"), d.refusals
+
+
+def test_an_unreadable_or_missing_secret_file_is_named(tmp_path):
+    missing = tmp_path / "nope"
+    s = inputs.read_secrets({"vllm_api_key_file": str(missing)})
+    assert s["vllm_api_key"] is None and s.problems == (f"vllm_api_key_file {missing} does not exist; point it at "
+                                                         "the file that holds vllm_api_key",)
+    s = inputs.read_secrets({"hf_token_file": str(tmp_path)})
+    assert "is not a regular file" in s.problems[0]
+    bad = tmp_path / "latin1"
+    bad.write_bytes(b"\xff\xfe token")
+    assert "is not UTF-8" in inputs.read_secrets({"hf_token_file": str(bad)}).problems[0]
+    if os.geteuid() != 0:  # root reads a 0000 file
+        locked = tmp_path / "locked"
+        locked.write_text("sk-0123456789")
+        locked.chmod(0)
+        assert "is unreadable" in inputs.read_secrets({"vllm_api_key_file": str(locked)}).problems[0]
+    # the default path that does not exist is no secret, not a problem
+    assert inputs.read_secrets({}).problems == () or all("~/.config" not in p for p in inputs.read_secrets({}).problems)
+
+
+def test_secrets_are_a_type_that_never_shows_its_value(tmp_path):
+    from nemofleet.secret import Secret
+
+    f = tmp_path / "key"
+    f.write_text("sk-very-secret-value-42\n")
+    s = inputs.read_secrets({"vllm_api_key_file": str(f)})
+    v = s["vllm_api_key"]
+    assert isinstance(v, Secret) and v.reveal() == "sk-very-secret-value-42"
+    for shown in (repr(v), str(v), f"{v}", f"{v!r}", repr(s), json.dumps({"k": str(v)})):
+        assert "very-secret" not in shown
+    with pytest.raises(TypeError):
+        import pickle
+        pickle.dumps(v)
+    # a value of the wrong form is refused without being echoed
+    f.write_text("sk with spaces and 'quotes'")
+    s = inputs.read_secrets({"vllm_api_key_file": str(f)})
+    assert s["vllm_api_key"] is None and "quotes" not in s.problems[0] and "vllm_api_key" in s.problems[0]
 
 
 def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():

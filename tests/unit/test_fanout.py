@@ -10,7 +10,7 @@ from nemofleet.operations.weights import seed_lines
 
 K = ("nvidia/M", "a" * 40)
 K2 = ("nvidia/N", "b" * 40)
-KEYS = {"weights_seed_key": "-----BEGIN X-----\nk\n-----END X-----", "weights_seed_public_key": "ssh-ed25519 AAAA"}
+KEYS = {"weights_seed_key": "-----BEGIN X-----\nk\n-----END X-----", "weights_seed_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu fleet"}
 
 
 def hosts(n):
@@ -137,7 +137,7 @@ def test_plan_shows_who_seeds_whom_and_each_host_says_its_sources(tmp_path, caps
     from test_desired import REV, facts
 
     pub = tmp_path / "seed.pub"
-    pub.write_text("ssh-ed25519 AAAAC3NzaFLEET nemofleet-weights-seed\n")
+    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu nemofleet-weights-seed\n")
     model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": REV}
     data = {"vllm_api_key": "sk-nf-" + "a" * 32, "model": model, "weights_seed_key": KEYS["weights_seed_key"],
             "weights_seed_public_key_file": str(pub)}

@@ -307,7 +307,7 @@ SEEDED = {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "c" *
 def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
     from nemofleet import fanout
 
-    pub = {"weights_seed_public_key": "ssh-ed25519 AAAA"}
+    pub = {"weights_seed_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu fleet"}
     monkeypatch.setattr(rollout.inputs, "read_secrets", lambda d: {**d, **pub} if "weights_seed_key" in d else {})
     monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: [n for n in names if not limit or n in limit])
     monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])

@@ -48,7 +48,9 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
             changed.add(path)
         if state.config.DIFF:
             host.log(f"Will {'modify' if cur else 'create'} {path}", logger.info)
-            if secret:
+            # a 0600 file is kept from other users because it may hold a secret (the dockerd proxy
+            # drop-in's credentials): its contents are never shown, whatever the caller said
+            if secret or int(mode, 8) & 0o077 == 0:
                 logger.info("  (secret contents not shown)")
             else:
                 old = host.get_fact(FileText, path=path).splitlines(True) if cur else []
