@@ -48,7 +48,7 @@ def _source(s: Settings, prefix: str, repo: str | None, keyring: str, list_path:
     """The apt source of a repository: (source, refusal)."""
     if not repo:
         return None, None
-    key_file = s[f"{prefix}_key_file"]
+    key_file = getattr(s, f"{prefix}_key_file")  # container_toolkit_key_file or nvidia_driver_key_file
     if not key_file:
         return None, (f"{prefix}_key_file is not set: give the repository's signing key (a file on the "
                       "controller, e.g. from https://nvidia.github.io/libnvidia-container/gpgkey)")
@@ -63,8 +63,8 @@ def _source(s: Settings, prefix: str, repo: str | None, keyring: str, list_path:
 
 
 def driver_packages(s: Settings) -> tuple[list[str], str]:
-    branch = str(s["nvidia_driver_branch"] or "")
-    names = s["nvidia_driver_packages"] or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
+    branch = str(s.nvidia_driver_branch or "")
+    names = s.nvidia_driver_packages or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
     return [n.format(branch=branch) for n in names], branch
 
 
@@ -73,20 +73,20 @@ def install(s: Settings) -> bool | None:
     when it changed) and the container toolkit (pinned version, held). Returns True when the
     rest of the deploy must wait for them (then it runs at execution time, on fresh facts),
     None when the settings were refused (the host is failed)."""
-    want_driver, want_toolkit = s["install_nvidia_driver"], s["install_container_toolkit"]
+    want_driver, want_toolkit = s.install_nvidia_driver, s.install_container_toolkit
     if not (want_driver or want_toolkit):
         return False
     refusals: list[str] = []
     drv_pkgs, branch = driver_packages(s)
     if want_driver and not re.match(r"^\d{3}$", branch):
-        refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s['nvidia_driver_branch']!r})")
+        refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s.nvidia_driver_branch!r})")
     drv_source = tk_source = None
     if want_driver:
-        drv_source, why = _source(s, "nvidia_driver", s["nvidia_driver_repo"], DRIVER_KEYRING, DRIVER_LIST)
+        drv_source, why = _source(s, "nvidia_driver", s.nvidia_driver_repo, DRIVER_KEYRING, DRIVER_LIST)
         refusals += [why] if why else []
-    tk_version = s["container_toolkit_version"]
+    tk_version = s.container_toolkit_version
     if want_toolkit:
-        tk_source, why = _source(s, "container_toolkit", s["container_toolkit_repo"],
+        tk_source, why = _source(s, "container_toolkit", s.container_toolkit_repo,
                                  TOOLKIT_KEYRING, TOOLKIT_LIST)
         refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
     if drv_source and tk_source and drv_source["line"].split("] ")[1] == tk_source["line"].split("] ")[1]:

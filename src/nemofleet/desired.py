@@ -112,15 +112,18 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> di
     desired: dict = {}
     if facts["toolkit"].get("runtime") or facts["toolkit"].get("version"):
         desired["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}
-    if s["docker_default_runtime"]:
-        desired["default-runtime"] = s["docker_default_runtime"]
-    for key, name in (("docker_registry_mirrors", "registry-mirrors"), ("docker_insecure_registries", "insecure-registries")):
-        if s[key] is not None:
-            desired[name] = s[key] or None
-    for key, name in (("docker_log_driver", "log-driver"), ("docker_log_opts", "log-opts")):
-        if s[key] and s[key] != settings_mod.BY_NAME[key].default:
-            desired[name] = s[key]  # the operator asked for it: owned
-    exec_opts = s["docker_exec_opts"]
+    if s.docker_default_runtime:
+        desired["default-runtime"] = s.docker_default_runtime
+    # daemon.json holds JSON lists: the settings' tuples are written (and compared) as lists
+    for value, name in ((s.docker_registry_mirrors, "registry-mirrors"),
+                        (s.docker_insecure_registries, "insecure-registries")):
+        if value is not None:
+            desired[name] = list(value) or None
+    for key, value, name in (("docker_log_driver", s.docker_log_driver, "log-driver"),
+                             ("docker_log_opts", s.docker_log_opts, "log-opts")):
+        if value and value != settings_mod.BY_NAME[key].default:
+            desired[name] = value  # the operator asked for it: owned
+    exec_opts = list(s.docker_exec_opts) if s.docker_exec_opts is not None else None
     if exec_opts is None and p is not None and p.docker_exec_opts:
         exec_opts = p.docker_exec_opts
     if exec_opts is not None:
@@ -134,9 +137,10 @@ def docker_defaults(s: settings_mod.Settings) -> dict:
     """daemon.json keys written only where the file lacks them: an operator's own log driver
     or log options are kept (and Docker is not restarted for them)."""
     out = {}
-    for key, name in (("docker_log_driver", "log-driver"), ("docker_log_opts", "log-opts")):
-        if s[key] and s[key] == settings_mod.BY_NAME[key].default:
-            out[name] = s[key]
+    for key, value, name in (("docker_log_driver", s.docker_log_driver, "log-driver"),
+                             ("docker_log_opts", s.docker_log_opts, "log-opts")):
+        if value and value == settings_mod.BY_NAME[key].default:
+            out[name] = value
     return out
 
 
@@ -199,7 +203,7 @@ def host_files(s: settings_mod.Settings, facts: dict) -> FileMap:
     proxy = render.docker_proxy(s)
     if proxy:
         out[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
-    if facts["toolkit"].get("version") and s["nvidia_dev_char_rule"]:
+    if facts["toolkit"].get("version") and s.nvidia_dev_char_rule:
         out[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
     return out
 
@@ -223,10 +227,10 @@ def unused_weights(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
     """Weights directories of this plan's repos that neither this release nor the one it replaces
     (kept for `nemofleet rollback`) uses: removed after the new release serves. Only directories
     of the same repos are touched; anything else under models_root is the operator's."""
-    root, on_disk = s["models_root"], facts.get("models") or {}
+    root, on_disk = s.models_root, facts.get("models") or {}
     keep = {d["dir"].rsplit("/", 1)[1] for d in p.downloads}
     previous = (facts.get("release") or {}).get("model", "")  # "org/name@commit"
-    if s["weights_keep_revisions"] > 1 and "@" in previous:
+    if s.weights_keep_revisions > 1 and "@" in previous:
         repo, rev = previous.rsplit("@", 1)
         keep.add(catalog.host_dir_name(repo, rev))
     # names read from disk: only those of our own shape, `<org>--<name>@<12 hex>` of a repo of this
@@ -240,15 +244,15 @@ def seed_sources(s: settings_mod.Settings) -> dict | list | None:
     """weights_seed_from as the weights operation takes it: one peer (a mapping), or several
     (a list, tried in order: what the fleet fan-out hands a host, docs/fanout.md), each with the
     models root (rrsync on the peer serves paths below it) and the copy's bandwidth bound."""
-    seed = s["weights_seed_from"]
+    seed = s.weights_seed_from
     if not seed:
         return None
-    extra = {"root": s["models_root"]}
-    if s["weights_peer_bwlimit"] is not None:
-        extra["bwlimit"] = str(s["weights_peer_bwlimit"])
-    peers = [{"host": x} if isinstance(x, str) else dict(x) for x in (seed if isinstance(seed, list) else [seed])]
-    peers = [{**x, **extra} for x in peers]
-    return peers if isinstance(seed, list) else peers[0]
+    extra = {"root": s.models_root}
+    if s.weights_peer_bwlimit is not None:
+        extra["bwlimit"] = str(s.weights_peer_bwlimit)
+    several = isinstance(seed, tuple)  # settings.SeedPeer, or a tuple of them tried in order
+    peers = [{**x.as_dict(), **extra} for x in (seed if several else (seed,))]
+    return peers if several else peers[0]
 
 
 def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> list[Download]:
@@ -256,7 +260,7 @@ def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> 
     on_disk = facts.get("models") or {}
     return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
                      token_file=paths.HF_ENV if secrets.get("hf_token") else None,
-                     full_verify=s["weights_verify"] == "full", seed=seed or None,
+                     full_verify=s.weights_verify == "full", seed=seed or None,
                      link_from=link_source(d["dir"], d["revision"], on_disk))
             for d in p.downloads]
 
@@ -318,9 +322,9 @@ def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:
             out.append(f"serving group member {member} has bad settings ({'; '.join(exc.problems)[:200]})")
             continue
         keys = [k.name for k in settings_mod.KEYS if k.name not in GROUP_LOCAL_KEYS and not k.secret
-                and other[k.name] != s[k.name]]
+                and getattr(other, k.name) != getattr(s, k.name)]
         if keys:
-            out.append(f"serving_group {s['serving_group']}: {member} differs from this host in {', '.join(keys[:5])}"
+            out.append(f"serving_group {s.serving_group}: {member} differs from this host in {', '.join(keys[:5])}"
                        f"{' ...' if len(keys) > 5 else ''}; a group runs one model with one set of flags, so set "
                        "these in the group's group data")
     return out
@@ -348,7 +352,7 @@ def decide(i: HostInputs) -> Desired:
     if s is None or d.refusals:
         return d
     d.settings = s
-    if s["serving_group"]:
+    if s.serving_group:
         d.refusals += group_differences(s, dict(i.peer_data or {}))
         if d.refusals:
             return d
@@ -407,11 +411,11 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.secret_dirs = {paths.ETC: "0700"}
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
         d.seed_public_key = secrets["weights_seed_public_key"].line()
-        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"], s["models_root"],
-                                               s["weights_seed_networks"])
+        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"], s.models_root,
+                                               s.weights_seed_networks)
     d.cdi_command = cdi_command(p, facts)
     d.image = p.image
-    d.image_archive = s["vllm_image_archive"] or s["vllm_image_archives"].get(p.image)
+    d.image_archive = s.vllm_image_archive or s.vllm_image_archives.get(p.image)
     d.downloads = downloads(s, p, secrets, facts)
     seed = d.downloads[0].seed if d.downloads else None  # every download's sources are the same
     if seed and any(not (facts.get("models") or {}).get(x.directory.rsplit("/", 1)[-1], {}).get("complete")
@@ -430,18 +434,18 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
                            gpu_access_signature(p, facts, d.daemon_json), hint)
     d.gpu_access_record = facts.get("gpu_access")
-    d.networks = {f["network"]: bool(f.get("create")) for f in s["frontends"]}
+    d.networks = {f.network: f.create for f in s.frontends}
     # with a front door, frontends reach it and the instances join no frontend network
-    frontends = [] if front_door_wanted(s, p) or p.instances[0].group else s["frontends"]
+    frontends = [] if front_door_wanted(s, p) or p.instances[0].group else s.frontends
     docker_major = versions.major(facts["docker"].get("server"))
-    d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s["start_timeout"]), "0644")
+    d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s.start_timeout), "0644")
                for i in p.instances}
     d.unit_names = [i.unit for i in p.instances]
     single = len(p.instances) == 1
     if frontends:
         d.attached = {i.name: dict(render.frontend_networks(frontends, i, single)) for i in p.instances}
-    if s["wait_ready"]:
-        d.ready_command = ready_command(p, s["ready_timeout"])
+    if s.wait_ready:
+        d.ready_command = ready_command(p, s.ready_timeout)
     d.release_id = render.release_id(p)
     d.previous_release = (facts.get("release") or {}).get("id")
     d.keep_previous_command = keep_previous_command()
@@ -451,8 +455,8 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
         f"{len(p.instances)} instance(s))"))
     for fe in frontends:
         for i in p.instances:
-            alias = d.attached[i.name][fe["network"]]
-            d.frontend_lines.append(f"frontend {fe.get('name') or fe['network']}: base URL http://{alias}:8000/v1 "
+            alias = d.attached[i.name][fe.network]
+            d.frontend_lines.append(f"frontend {fe.name or fe.network}: base URL http://{alias}:8000/v1 "
                                     f"model {p.served_name}")
     if front_door_wanted(s, p):
         _front_door(d, s, p, facts, secrets)
@@ -468,12 +472,12 @@ def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
     if not api_instances(p):
         return False
     if p.instances[0].group:
-        return s["front_door"] if s["front_door"] is not None else bool(s["frontends"])
-    return s["front_door"] if s["front_door"] is not None else len(p.instances) > 1
+        return s.front_door if s.front_door is not None else bool(s.frontends)
+    return s.front_door if s.front_door is not None else len(p.instances) > 1
 
 
 def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
-    port, addr = s["front_door_port"], s["front_door_address"]
+    port, addr = s.front_door_port, s.front_door_address
     out = []
     if port in {i.host_port for i in p.instances}:
         out.append(f"front_door_port {port} is the port of an instance ({p.instances[0].host_port}-"
@@ -506,16 +510,16 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
                          shell.join(["systemctl", "is-active", "-q", i.unit]) + " || exit 0; "
                          + shell.join(["flock", "-w", 900, paths.HEALTH_LOCK, paths.DRAIN_SCRIPT, "restart", i.name]))
                         for i in p.instances]
-    where = s["front_door_address"] or bridge
-    if s["frontends"] and not where:
+    where = s.front_door_address or bridge
+    if s.frontends and not where:
         d.warnings.append("the front door listens on 127.0.0.1 only: this host has no Docker bridge (docker0) "
                           "and no front_door_address, so frontend containers cannot reach it")
-    for fe in s["frontends"]:
+    for fe in s.frontends:
         d.frontend_lines.append(
-            f"frontend {fe.get('name') or fe['network']}: base URL http://{render.url_host(where or '127.0.0.1')}:"
-            f"{s['front_door_port']}/v1 (the front door; or host.docker.internal with extra_hosts "
+            f"frontend {fe.name or fe.network}: base URL http://{render.url_host(where or '127.0.0.1')}:"
+            f"{s.front_door_port}/v1 (the front door; or host.docker.internal with extra_hosts "
             f"host.docker.internal:host-gateway) model {p.served_name}; the instances do not join "
-            f"{fe['network']} while the front door is on (front_door: false attaches each instance to it instead, "
+            f"{fe.network} while the front door is on (front_door: false attaches each instance to it instead, "
             "one endpoint per instance)")
 
 
@@ -531,19 +535,18 @@ def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secr
 
 
 def gateway_binds(s: settings_mod.Settings) -> list[str]:
-    port, addr = s["gateway_port"], s["gateway_address"]
+    port, addr = s.gateway_port, s.gateway_address
     if addr == "0.0.0.0":
         return [f"0.0.0.0:{port}"]
     return [f"127.0.0.1:{port}"] + ([f"{render.url_host(addr)}:{port}"] if addr != "127.0.0.1" else [])
 
 
 def gateway_servers(s: settings_mod.Settings) -> list[tuple[str, str]]:
-    return [(b.get("name") or f"{b['host']}:{b['port']}", f"{render.url_host(b['host'])}:{b['port']}")
-            for b in s["gateway_backends"]]
+    return [(b.name, f"{render.url_host(b.host)}:{b.port}") for b in s.gateway_backends]
 
 
 def gateway_config(host: str, s: settings_mod.Settings) -> str:
-    fall, rise = s["gateway_fall"], s["gateway_rise"]
+    fall, rise = s.gateway_fall, s.gateway_rise
     header = [
         f"Managed by nemofleet: the fleet gateway on {host} (rendered from gateway_backends; do not edit).",
         "One OpenAI-compatible endpoint across the fleet's GPU hosts: least outstanding requests across",
@@ -551,7 +554,7 @@ def gateway_config(host: str, s: settings_mod.Settings) -> str:
         f"taken back after {rise} passed ones) and every response observed, the API key checked here",
         f"(patterns in {paths.FRONT_DOOR_KEYS}, 0600, read at load) and again by each host.",
         "Validated with `haproxy -c -f` before it replaces the live file; applied with `systemctl reload`."]
-    return render.haproxy_config(header, "gateway", gateway_binds(s), gateway_servers(s), s["front_door_timeout"],
+    return render.haproxy_config(header, "gateway", gateway_binds(s), gateway_servers(s), s.front_door_timeout,
                                  fall=fall, rise=rise)
 
 
@@ -564,7 +567,7 @@ def _gateway(i: HostInputs) -> Desired:
         return d
     d.settings = s
     _secrets_ok(s, secrets, d)
-    if not s["gateway_backends"]:
+    if not s.gateway_backends:
         d.refusals.append("gateway_backends is empty: list the model endpoints of the GPU hosts "
                           "(e.g. [{\"host\": \"10.0.0.5\", \"port\": 8800}]; docs/gateway.md)")
     if d.refusals:
@@ -573,8 +576,8 @@ def _gateway(i: HostInputs) -> Desired:
     d.front_door_config = gateway_config(host, s)
     d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")}
     d.secret_dirs = {paths.ETC: "0700"}
-    where = host if s["gateway_address"] in ("0.0.0.0", "::") else s["gateway_address"]
+    where = host if s.gateway_address in ("0.0.0.0", "::") else s.gateway_address
     d.frontend_lines = [f"gateway: base URL http://{render.url_host(where)}:"
-                        f"{s['gateway_port']}/v1 over {len(s['gateway_backends'])} backend(s) "
+                        f"{s.gateway_port}/v1 over {len(s.gateway_backends)} backend(s) "
                         f"({', '.join(t for _, t in gateway_servers(s))})"]
     return d

@@ -126,10 +126,10 @@ def wanted(data: Mapping, secrets: Mapping) -> Key | None:
     (`weights_fanout: false`), or the fleet seed key (private and public) is not configured."""
     try:
         s = settings_mod.parse(dict(data))
-        model = catalog.resolve(s["model"])
+        model = catalog.resolve(s.model)
     except (settings_mod.SettingsError, catalog.UnknownModel):
         return None
-    if not s["weights_fanout"] or s["weights_seed_from"] is not None or s["serving_group"]:
+    if not s.weights_fanout or s.weights_seed_from is not None or s.serving_group:
         return None
     if not (secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key")):
         return None
@@ -211,7 +211,7 @@ def peer_address(name: str, data: Mapping) -> str:
 def weights_dir(data: Mapping, key: Key) -> str | None:
     """Where a host keeps `key`'s weights (the plan's directory of the model)."""
     try:
-        root = settings_mod.parse(dict(data))["models_root"]
+        root = settings_mod.parse(dict(data)).models_root
     except settings_mod.SettingsError:
         return None
     return f"{root}/{catalog.host_dir_name(*key)}"

@@ -66,7 +66,7 @@ class HostInputs:
     @property
     def group_facts(self) -> dict | None:
         """{member: HostFacts} of the whole serving group, this host included (None outside one)."""
-        if self.settings is None or not self.settings["serving_group"]:
+        if self.settings is None or not self.settings.serving_group:
             return None
         return {**(self.peers or {}), self.name: dict(self.facts)}
 
@@ -75,7 +75,7 @@ def image_of(s) -> str:
     """The vLLM image after `image_registry_rewrite` (the name the host pulls)."""
     if s is None:
         return settings_mod.DEFAULT_IMAGE
-    return settings_mod.rewrite_image(s["vllm_image"], s["image_registry_rewrite"])
+    return settings_mod.rewrite_image(s.vllm_image, s.image_registry_rewrite)
 
 
 def parse_or_none(data: dict) -> settings_mod.Settings | None:
@@ -89,7 +89,7 @@ def facts_args(data: dict) -> dict:
     """The arguments HostFacts is read with: the models root and the image the host will really
     pull (after the registry rewrite), so the image check and the archive lookup see that name."""
     s = parse_or_none(data)
-    root = s["models_root"] if s is not None else settings_mod.BY_NAME["models_root"].default
+    root = s.models_root if s is not None else settings_mod.BY_NAME["models_root"].default
     return {"models_root": root, "image": image_of(s)}
 
 
@@ -102,10 +102,10 @@ def to_resolve(data: dict) -> list[tuple[str, str, str]]:
     if s is None:
         return []
     try:
-        model = catalog.resolve(s["model"])
+        model = catalog.resolve(s.model)
     except catalog.UnknownModel:
         return []
-    endpoint = (s["hf_endpoint"] or "https://huggingface.co").rstrip("/")
+    endpoint = (s.hf_endpoint or "https://huggingface.co").rstrip("/")
     return [(endpoint, model.repo, model.revision)] if not catalog.is_commit(model.revision) else []
 
 
@@ -289,9 +289,9 @@ def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = Non
     except settings_mod.SettingsError as exc:
         s = None
         refusals += exc.problems
-    if s is not None and s["serving_group"] and facts.get("commits"):
+    if s is not None and s.serving_group and facts.get("commits"):
         # the revision was a branch or tag, resolved by this member alone
-        refusals.append(f"serving_group {s['serving_group']}: pin the model revision to a 40-hex commit; "
+        refusals.append(f"serving_group {s.serving_group}: pin the model revision to a 40-hex commit; "
                         "every member must load the same snapshot, and a branch is resolved by each member "
                         "on its own")
     peer_data = {m: v for m, v in (peer_data or {}).items() if m != name} if peer_data is not None else None

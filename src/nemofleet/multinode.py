@@ -36,14 +36,14 @@ MAX_NODES = 16
 def head_probe(host: str, s, peers: dict | None) -> tuple[str, int] | None:
     """(head address, rendezvous port) a worker checks it can reach before anything changes, or
     None (not a worker, or the head's address cannot be known: the plan refuses that itself)."""
-    members = s["serving_group_members"] or []
-    if not s["serving_group"] or host not in members or host == members[0]:
+    members = s.serving_group_members or []
+    if not s.serving_group or host not in members or host == members[0]:
         return None
     head = (peers or {}).get(members[0]) or {}
     where = member_address(head.get("addresses") or {}, s)
     if isinstance(where, str):
         return None
-    port = s["serving_group_dp_rpc_port"] if s["serving_group_parallel"] == "dp" else s["serving_group_master_port"]
+    port = s.serving_group_dp_rpc_port if s.serving_group_parallel == "dp" else s.serving_group_master_port
     return where[1], port
 
 
@@ -51,8 +51,8 @@ def member_address(addresses: dict, s) -> tuple[str, str] | str:
     """(interface, address) this member uses for group traffic, or one sentence why none.
     An address inside serving_group_network on serving_group_interface (or on any interface that
     is not loopback or container plumbing); IPv4 before IPv6."""
-    nets = [ipaddress.ip_network(n, strict=False) for n in s["serving_group_network"]]
-    want = s["serving_group_interface"]
+    nets = [ipaddress.ip_network(n, strict=False) for n in s.serving_group_network]
+    want = s.serving_group_interface
     found = []
     for iface, addrs in sorted((addresses or {}).items()):
         if (want and iface != want) or (not want and _PLUMBING.match(iface)):
@@ -68,12 +68,12 @@ def member_address(addresses: dict, s) -> tuple[str, str] | str:
                 continue
             found.append((not any(ip in n for n in nets), ip.version, iface, str(ip)))
     found.sort()
-    if found and (not found[0][0] or s["serving_group_allow_public"]):
+    if found and (not found[0][0] or s.serving_group_allow_public):
         return found[0][2], found[0][3]
     where = f"on {want}" if want else "on any interface"
     if found:
         return (f"its only address {where} is {found[0][3]}, outside serving_group_network "
-                f"({', '.join(s['serving_group_network'])}): vLLM's inter-node traffic is not encrypted, so "
+                f"({', '.join(s.serving_group_network)}): vLLM's inter-node traffic is not encrypted, so "
                 "nemofleet keeps it on a private network; add that network to serving_group_network, or set "
                 "serving_group_allow_public: true if the link is trusted")
     if not addresses:  # e.g. a host without iproute2 (seen on a real H200 machine): `ip` is missing
@@ -86,7 +86,7 @@ def _member_gpus(name: str, facts: dict, s) -> list[Gpu] | str:
     if not g.get("gpus"):
         return "nvidia-smi lists no GPU there"
     try:
-        usable, _ = gpu_table.select(gpus_from_facts(g["gpus"]), s["gpus"])
+        usable, _ = gpu_table.select(gpus_from_facts(g["gpus"]), s.gpus)
     except gpu_table.UnsupportedGpu as exc:
         return str(exc)
     return usable or "none of its GPUs is usable (MIG enabled or not selected)"
@@ -114,7 +114,7 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     """(instances, choice, warnings, env) of `host` as a member of its serving group, or PlanError.
     `peers`: {member: HostFacts} for every member (this host included)."""
     s = ctx.s
-    name, members = s["serving_group"], s["serving_group_members"]
+    name, members = s.serving_group, s.serving_group_members
     if not members:
         raise PlanError(f"serving_group {name} has no members: list its hosts, head first, in the inventory's "
                         f"serving_groups (serving_groups = {{{name!r}: ['head', 'worker', ...]}})")
@@ -164,7 +164,7 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     images = {m: ((peers[m].get("image") or {}).get("id") or "") for m in members}
     pulled = {i for i in images.values() if i}
     if len(pulled) > 1:
-        raise PlanError(f"serving_group {name}: {s['vllm_image']} is a different image on "
+        raise PlanError(f"serving_group {name}: {s.vllm_image} is a different image on "
                         f"{', '.join(m for m in members if images[m] and images[m] != images[head]) or 'a member'} "
                         "than on the head (re-pull it everywhere, or pin the image by digest)")
     reach = (peers.get(host) or {}).get("head_reach")
@@ -181,10 +181,10 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     m = ctx.model
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
-    mode = s["serving_group_parallel"]
+    mode = s.serving_group_parallel
     gpu_bytes = gpus[0].memory_mib * MIB
-    seqs = s["max_num_seqs"] or arch.default_max_num_seqs
-    batched = s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
+    seqs = s.max_num_seqs or arch.default_max_num_seqs
+    batched = s.max_num_batched_tokens or arch.default_max_num_batched_tokens
     where = f"{n_nodes} hosts x {_shape(gpus)}"
     one_host = _fits_one_host(ctx, gpus)
     rank = members.index(host)
@@ -198,7 +198,7 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                             "replica over the hosts") from None
         tp, pp, local = lay.tp, 1, lay.count
         mem, seqs, batched = lay.mem, lay.seqs, lay.batched
-        port = s["serving_group_dp_rpc_port"]
+        port = s.serving_group_dp_rpc_port
         more = [("--data-parallel-size", local * n_nodes), ("--data-parallel-size-local", local),
                 ("--data-parallel-address", head_addr), ("--data-parallel-rpc-port", port)]
         if rank:
@@ -211,18 +211,18 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
         # one instance over the group whose TP the mode decides: a host's own TP or instance count
         # cannot apply here; refused rather than silently dropped
         shape = f"TP{tp} x PP{pp}" if pp > 1 else f"TP{tp}"
-        if s["tensor_parallel_size"] not in (None, tp):
+        if s.tensor_parallel_size not in (None, tp):
             raise PlanError(f"serving_group {name} ({where}) runs one instance of {shape} (serving_group_parallel "
-                            f"{mode}), so tensor_parallel_size {s['tensor_parallel_size']} cannot apply: remove it, "
+                            f"{mode}), so tensor_parallel_size {s.tensor_parallel_size} cannot apply: remove it, "
                             "or set serving_group_parallel: dp for replicas of that TP on each host")
-        if s["instances"] not in (None, 1):
+        if s.instances not in (None, 1):
             raise PlanError(f"serving_group {name} ({where}) runs one instance of {shape} across its hosts "
-                            f"(serving_group_parallel {mode}), so instances {s['instances']} cannot apply: remove it, "
+                            f"(serving_group_parallel {mode}), so instances {s.instances} cannot apply: remove it, "
                             "or set serving_group_parallel: dp for several replicas")
         mem = _memory(ctx, _flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
         if not _viable(ctx, mem, tp * pp, gpu_bytes):
             raise _group_refusal(ctx, name, where, gpus, tp, pp, mem, seqs, batched)
-        port = s["serving_group_master_port"]
+        port = s.serving_group_master_port
         more = ([("--pipeline-parallel-size", pp)] if pp > 1 else []) + [
             ("--nnodes", n_nodes), ("--node-rank", rank), ("--master-addr", head_addr), ("--master-port", port)]
         if rank:
@@ -233,16 +233,16 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                   f"headroom per GPU ({mem.summary()}) and its KV cache holds {mem.full_context_seqs} full "
                   f"{ctx.mml}-token sequence{'' if mem.full_context_seqs == 1 else 's'} at once")
     # the head serves the API on the host's network (--network host): bind_address and port_base
-    more += [("--host", s["bind_address"]), ("--port", s["port_base"])]
+    more += [("--host", s.bind_address), ("--port", s.port_base)]
     role = GroupRole(name=name, members=tuple(members), rank=rank, parallel=mode, head_address=head_addr,
                      address=addrs[host][1], interface=addrs[host][0], port=port,
-                     join_timeout=s["serving_group_join_timeout"])
+                     join_timeout=s.serving_group_join_timeout)
     choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
     if reach:
         choice += f" (reachable from here: {reach['state']})"
     flags = _flags(ctx, arch, tp, seqs, batched, more)
     _validate(ctx, flags)
-    inst = Instance(name=f"{s['instance_prefix']}{name}", gpus=gpus, host_port=s["port_base"], tp=tp,
+    inst = Instance(name=f"{s.instance_prefix}{name}", gpus=gpus, host_port=s.port_base, tp=tp,
                     ep=tp > 1 and m.moe, args=[ctx.model_path] + vllm_flags.render(flags), memory=mem,
                     max_model_len=ctx.mml, max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]),
                     group=role)
@@ -261,8 +261,8 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
                         f"{', '.join(f'{mb} {addrs[mb][1]}' for mb in members)}")
     env = {"NCCL_SOCKET_IFNAME": addrs[host][0], "GLOO_SOCKET_IFNAME": addrs[host][0],
            "VLLM_HOST_IP": addrs[host][1]}
-    if s["serving_group_ib_hca"]:
-        env["NCCL_IB_HCA"] = s["serving_group_ib_hca"]
+    if s.serving_group_ib_hca:
+        env["NCCL_IB_HCA"] = s.serving_group_ib_hca
     return [inst], choice, warnings, env
 
 
@@ -282,7 +282,7 @@ def _group_refusal(ctx: _Ctx, name: str, where: str, gpus: list[Gpu], tp: int, p
     bigger = None
     arch = gpu_table.arch_of(gpus[0])
     for n in range(2, MAX_NODES + 1):
-        t, p = (per_node, n) if s["serving_group_parallel"] == "pp" else (per_node * n, 1)
+        t, p = (per_node, n) if s.serving_group_parallel == "pp" else (per_node * n, 1)
         alt = _memory(ctx, _flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched, pp=p)
         if _viable(ctx, alt, t * p, gpu_bytes):
             bigger = f"{n} hosts of {_shape(gpus)} ({alt.summary()})"
@@ -291,6 +291,6 @@ def _group_refusal(ctx: _Ctx, name: str, where: str, gpus: list[Gpu], tp: int, p
     return PlanError(
         f"{m.key} over serving_group {name} ({where}, TP{tp} x PP{pp}) needs {mem_model.gib(mem.need)} per GPU{floor} "
         f"({mem.terms()}) but each GPU has {mem_model.gib(mem.available)} at gpu_memory_utilization "
-        f"{float(s['gpu_memory_utilization']):.2f}; "
+        f"{float(s.gpu_memory_utilization):.2f}; "
         + (f"it fits {bigger}" if bigger else f"no group of up to {MAX_NODES} such hosts holds it")
         + " (or lower max_model_len / max_num_seqs)")

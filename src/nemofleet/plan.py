@@ -199,14 +199,14 @@ def _parse(data) -> settings.Settings:
 
 def _context(s: settings.Settings, local_meta: dict | None) -> _Ctx:
     try:
-        model = catalog.resolve(s["model"]).with_local_meta(local_meta)
-        v = vllm_flags.get(vllm_flags.version_of_image(s["vllm_image"]))
+        model = catalog.resolve(s.model).with_local_meta(local_meta)
+        v = vllm_flags.get(vllm_flags.version_of_image(s.vllm_image))
     except (catalog.UnknownModel, vllm_flags.UnknownVersion) as exc:
         raise PlanError(str(exc)) from None
-    mml = s["max_model_len"] or min(model.default_context, model.max_context)
+    mml = s.max_model_len or min(model.default_context, model.max_context)
     if mml > model.max_context:
         raise PlanError(f"max_model_len {mml} is above {model.key}'s maximum context of {model.max_context}")
-    spec = s["speculative"] if s["speculative"] is not None else model.default_speculative
+    spec = s.speculative if s.speculative is not None else model.default_speculative
     spec = None if spec in (None, "none", "") else spec
     if spec and spec not in model.speculative:
         raise PlanError(f"speculative decoding {spec!r} is not available for {model.key} "
@@ -215,9 +215,9 @@ def _context(s: settings.Settings, local_meta: dict | None) -> _Ctx:
         raise PlanError(f"speculative {spec} needs a draft checkpoint; set model.drafts.{spec}.repo")
     draft_paths = {spec: f"/models/{catalog.local_dir_name(model.drafts[spec].repo)}"} if spec in model.drafts else {}
     return _Ctx(s=s, model=model, v=v, mml=mml, spec=spec,
-                spec_tokens=s["num_speculative_tokens"] or model.default_spec_tokens,
+                spec_tokens=s.num_speculative_tokens or model.default_spec_tokens,
                 model_path=f"/models/{catalog.local_dir_name(model.repo)}", draft_paths=draft_paths,
-                extra=tuple(_extra(s["vllm_extra_args"], "vllm_extra_args")))
+                extra=tuple(_extra(s.vllm_extra_args, "vllm_extra_args")))
 
 
 def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
@@ -247,10 +247,10 @@ def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, mo
         f.append(("--tensor-parallel-size", tp))
         if m.moe:  # docs/recipes.md#super-vl: MoE models shard experts across the TP group
             f.append(("--enable-expert-parallel", None))
-    f += [("--max-model-len", ctx.mml), ("--gpu-memory-utilization", f"{float(s['gpu_memory_utilization']):.2f}"),
+    f += [("--max-model-len", ctx.mml), ("--gpu-memory-utilization", f"{float(s.gpu_memory_utilization):.2f}"),
           ("--max-num-seqs", seqs), ("--max-num-batched-tokens", batched)]
-    if s["kv_cache_dtype"]:
-        f.append(("--kv-cache-dtype", s["kv_cache_dtype"]))
+    if s.kv_cache_dtype:
+        f.append(("--kv-cache-dtype", s.kv_cache_dtype))
     if ctx.spec:
         sc: dict = {"method": ctx.spec, "num_speculative_tokens": ctx.spec_tokens}
         if ctx.spec in ctx.draft_paths:
@@ -264,7 +264,7 @@ def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, mo
         f += [("--tool-call-parser", m.tool_call_parser), ("--enable-auto-tool-choice", None)]
     if m.multimodal_limits:
         f.append(("--limit-mm-per-prompt", json.dumps(m.multimodal_limits, separators=(",", ":"))))
-    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT), ("--shutdown-timeout", s["drain_seconds"])]
+    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT), ("--shutdown-timeout", s.drain_seconds)]
     planned = {n for n, _ in f}
     f += [r for r in recipes.flags_for(m, arch.name, bool(ctx.spec), lambda n: _supported(ctx.v, n))
           if r[0] not in planned]
@@ -283,7 +283,7 @@ def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int, 
     extra --mamba-ssm-cache-dtype or a recipe's --kv-cache-dtype is counted as vLLM will use it."""
     d = dict(flags)
     return mem_model.estimate(
-        ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s["gpu_memory_utilization"]), max_model_len=ctx.mml,
+        ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s.gpu_memory_utilization), max_model_len=ctx.mml,
         max_num_seqs=seqs, max_num_batched_tokens=batched, kv_cache_dtype=d.get("--kv-cache-dtype"),
         mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp)
 
@@ -334,9 +334,9 @@ def _unified_util(ctx: _Ctx, gpu: Gpu) -> _Ctx:
         raise PlanError(f"GPU {gpu.index} ({gpu.name}) shares {mem_model.gib(total)} of system memory, no more than "
                         f"the {mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} the OS keeps; nothing is left for vLLM")
     cap = int((total - mem_model.UNIFIED_OS_RESERVE_BYTES) * 100 // total) / 100
-    if float(ctx.s["gpu_memory_utilization"]) <= cap:
+    if float(ctx.s.gpu_memory_utilization) <= cap:
         return ctx
-    return dataclasses.replace(ctx, s=settings.Settings({**ctx.s, "gpu_memory_utilization": cap}))
+    return dataclasses.replace(ctx, s=ctx.s.replace(gpu_memory_utilization=cap))
 
 
 def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
@@ -354,10 +354,10 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
     gpu_bytes = group[0].memory_mib * MIB
-    seqs = s["max_num_seqs"] or arch.default_max_num_seqs
-    batched = s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
-    want = s["instances"]
-    tp_req = s["tensor_parallel_size"]
+    seqs = s.max_num_seqs or arch.default_max_num_seqs
+    batched = s.max_num_batched_tokens or arch.default_max_num_batched_tokens
+    want = s.instances
+    tp_req = s.tensor_parallel_size
     # a TP of TP_SIZES may leave GPUs idle (3 GPUs: TP2 + one idle); any other must divide the GPUs
     if tp_req and (tp_req > n or (n % tp_req and tp_req not in TP_SIZES)):
         raise PlanError(f"tensor_parallel_size {tp_req} does not divide {_gpus_phrase(ctx, group)}")
@@ -371,7 +371,7 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
         raise _NoFit(tp_req, mems[tp_req], explicit=True)
     if not fitting:
         raise _NoFit(sizes[-1], mems[sizes[-1]], explicit=False)
-    policy = s["tensor_parallel_policy"]
+    policy = s.tensor_parallel_policy
     policy = m.tp_policy if policy == "recipe" else policy
     tp = tp_req or (fitting[0] if policy == "smallest" else fitting[-1])
     count = want or n // tp
@@ -389,8 +389,8 @@ def _idle_reason(ctx: _Ctx, group, idle: list[Gpu], tp: int, fitting: list[int],
     """'GPU 2 stays idle: ...': why the GPUs no instance uses are left, and what would use them."""
     n, which = len(group), ", ".join(str(g.index) for g in idle)
     head = f"GPU {which} stay idle" if len(idle) > 1 else f"GPU {which} stays idle"
-    if ctx.s["instances"]:
-        return f"{head}: instances is {ctx.s['instances']}"
+    if ctx.s.instances:
+        return f"{head}: instances is {ctx.s.instances}"
     why = (f"{n} GPUs are not a multiple of TP{tp}, TP takes 1, 2, 4 or 8 GPUs and the instances on one GPU "
            "model share one TP")
     whole = [t for t in fitting if n % t == 0]
@@ -401,22 +401,22 @@ def _idle_reason(ctx: _Ctx, group, idle: list[Gpu], tp: int, fitting: list[int],
 
 
 def _gpus_phrase(ctx: _Ctx, group: list[Gpu]) -> str:
-    return f"this host's {len(group)} GPUs" if not ctx.s["gpus"] else f"the {len(group)} GPUs selected by gpus"
+    return f"this host's {len(group)} GPUs" if not ctx.s.gpus else f"the {len(group)} GPUs selected by gpus"
 
 
 def _explain(ctx: _Ctx, group, tp: int, count: int, mems: dict, fitting: list[int], policy: str) -> str:
     """'8x H100 80 GiB: 8 x TP1 (...): each fits with N GiB headroom ...; TP2 available with ...'."""
     mem = mems[tp]
-    if ctx.s["tensor_parallel_size"]:
+    if ctx.s.tensor_parallel_size:
         why = f"tensor_parallel_size {tp}"
     else:
-        source = "the model's recipe" if ctx.s["tensor_parallel_policy"] == "recipe" else "tensor_parallel_policy"
+        source = "the model's recipe" if ctx.s.tensor_parallel_policy == "recipe" else "tensor_parallel_policy"
         why = (f"the smallest TP that fits ({source}: smallest)" if policy == "smallest"
                else f"one instance over the GPUs ({source}: largest)")
     text = (f"{len(group)}x {gpu_table.label(group[0])}: {count} x TP{tp}, {why}; each fits with "
             f"{mem.headroom / GIB:.1f} GiB headroom per GPU ({mem.summary()}) and its KV cache holds "
             f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once for max_num_seqs "
-            f"{ctx.s['max_num_seqs'] or gpu_table.arch_of(group[0]).default_max_num_seqs}")
+            f"{ctx.s.max_num_seqs or gpu_table.arch_of(group[0]).default_max_num_seqs}")
     others = [f"TP{t} with tensor_parallel_size: {t} ({mems[t].headroom / GIB:.1f} GiB headroom)"
               for t in fitting if t != tp]
     small = [f"TP{t} does not fit ({mems[t].summary()}{_seqs_hint(ctx, group, t)})"
@@ -427,8 +427,8 @@ def _explain(ctx: _Ctx, group, tp: int, count: int, mems: dict, fitting: list[in
 def _seqs_hint(ctx: _Ctx, group, tp: int) -> str:
     """', it would with max_num_seqs: N' when fewer sequences (less Mamba state) make `tp` fit."""
     arch = gpu_table.arch_of(group[0])
-    seqs = ctx.s["max_num_seqs"] or arch.default_max_num_seqs
-    batched = ctx.s["max_num_batched_tokens"] or arch.default_max_num_batched_tokens
+    seqs = ctx.s.max_num_seqs or arch.default_max_num_seqs
+    batched = ctx.s.max_num_batched_tokens or arch.default_max_num_batched_tokens
     gpu_bytes = group[0].memory_mib * MIB
     for c in _halves(seqs, 1):
         if _viable(ctx, _memory(ctx, _flags(ctx, arch, tp, c, batched), tp, gpu_bytes, c, batched), tp, gpu_bytes):
@@ -441,7 +441,7 @@ def _seqs_hint(ctx: _Ctx, group, tp: int) -> str:
 
 def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanError:
     m, mem = ctx.model, nofit.mem
-    util = float(_unified_util(ctx, group[0]).s["gpu_memory_utilization"])  # as planned: capped on unified memory
+    util = float(_unified_util(ctx, group[0]).s.gpu_memory_utilization)  # as planned: capped on unified memory
     where = f"{len(group)}x {gpu_table.label(group[0])}"
     floor = (f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else "")
     if nofit.explicit:
@@ -462,7 +462,7 @@ def _shapes(ctx: _Ctx, host_group: list[Gpu] | None = None) -> list[str]:
     these settings (host-specific ones dropped; the same memory model, card reserve included),
     smallest total memory first: at most four, plus the host's own GPU class at a larger count
     where one fits."""
-    free = settings.Settings({**ctx.s, "tensor_parallel_size": None, "instances": None, "gpus": None})
+    free = ctx.s.replace(tensor_parallel_size=None, instances=None, gpus=None)
     shape_ctx = dataclasses.replace(ctx, s=free)
 
     def smallest(name, mib, cc, unified, label, above=0):
@@ -489,18 +489,18 @@ def _fixes(ctx: _Ctx, group: list[Gpu], local_meta) -> list[str]:
     """Single setting changes with which this host's GPUs would take the model."""
     s, m = ctx.s, ctx.model
     arch = _safe_arch(group[0])
-    seqs = s["max_num_seqs"] or (arch.default_max_num_seqs if arch else 32)
+    seqs = s.max_num_seqs or (arch.default_max_num_seqs if arch else 32)
     tries: list[tuple[dict, str]] = []
     tries += [({"max_num_seqs": c}, f"max_num_seqs: {c}") for c in _halves(seqs, 1)]
     tries += [({"max_model_len": c}, f"max_model_len: {c}") for c in _halves(ctx.mml, 4096)]
     # on unified memory the most vLLM may take is the cap that leaves the OS its reserve
-    top = float(_unified_util(dataclasses.replace(ctx, s=settings.Settings({**s, "gpu_memory_utilization": 0.95})),
-                              group[0]).s["gpu_memory_utilization"])
-    if float(s["gpu_memory_utilization"]) < top:
+    top = float(_unified_util(dataclasses.replace(ctx, s=s.replace(gpu_memory_utilization=0.95)),
+                              group[0]).s.gpu_memory_utilization)
+    if float(s.gpu_memory_utilization) < top:
         tries.append(({"gpu_memory_utilization": top}, f"gpu_memory_utilization: {top:.2f}"))
-    if mem_model.kv_dtype_bytes(m, s["kv_cache_dtype"]) > 1:
+    if mem_model.kv_dtype_bytes(m, s.kv_cache_dtype) > 1:
         tries.append(({"kv_cache_dtype": "fp8"}, "kv_cache_dtype: fp8"))
-    if s["tensor_parallel_size"]:
+    if s.tensor_parallel_size:
         tries.append(({"tensor_parallel_size": None}, "tensor_parallel_size unset"))
     if ctx.spec in ("dflash", "dspark"):
         tries.append(({"speculative": "none"}, "speculative: none"))
@@ -512,7 +512,7 @@ def _fixes(ctx: _Ctx, group: list[Gpu], local_meta) -> list[str]:
         if key in done:
             continue  # the first (largest) value of a key that fits is the one to show
         try:
-            alt = _context(settings.Settings({**s, **change}), None if key == "model" else local_meta)
+            alt = _context(s.replace(**change), None if key == "model" else local_meta)
             lay = _layout(alt, group)
         except (_NoFit, PlanError):
             continue
@@ -551,7 +551,7 @@ def _precision_warning(ctx: _Ctx, lay: _Layout, local_meta) -> str | None:
     if not m.variant:
         return text
     try:
-        alt = _layout(_context(settings.Settings({**ctx.s, "model": m.variant}), None), lay.gpus)
+        alt = _layout(_context(ctx.s.replace(model=m.variant), None), lay.gpus)
     except (_NoFit, PlanError):
         return f"{text}; {m.variant} does not fit here with these settings"
     return (f"{text}; {m.variant} also fits here ({alt.count} x TP{alt.tp}, {alt.mem.summary()}, "
@@ -589,7 +589,7 @@ def _departures(lay: _Layout) -> list[str]:
     Sources and reasons: docs/recipes.md (#lightning-h100, #super-vl, #batch-sizes, #unified-memory)."""
     ctx, m, s, arch = lay.ctx, lay.ctx.model, lay.ctx.s, lay.arch.name
     out = []
-    if m.family == "lightning" and arch in ("hopper", "blackwell", "sm12x") and not s["max_model_len"]:
+    if m.family == "lightning" and arch in ("hopper", "blackwell", "sm12x") and not s.max_model_len:
         out.append(f"--max-model-len {ctx.mml}: the day-one recipe leaves the context to the model "
                    f"({m.max_context} tokens); nemofleet plans the {ctx.mml} that ran stable on one 80 GB GPU "
                    f"(docs/recipes.md#lightning-a100); max_model_len: {m.max_context} restores the recipe's way")
@@ -616,7 +616,7 @@ def _departures(lay: _Layout) -> list[str]:
                        "vllm_extra_args can give each another value")
     g = lay.gpus[0]
     if g.unified:
-        util = float(ctx.s["gpu_memory_utilization"])
+        util = float(ctx.s.gpu_memory_utilization)
         out.append(f"--gpu-memory-utilization {util:.2f} on {gpu_table.label(g)} of unified memory: the GPU shares the "
                    f"system memory, and {mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} of it stays for the OS "
                    f"(docs/recipes.md#unified-memory); gpu_memory_utilization above {util:.2f} is capped there, "
@@ -637,7 +637,7 @@ def start(gpus: list[Gpu], data, local_meta: dict | None = None, health: dict | 
     s = _parse(data)
     ctx = _context(s, local_meta)
     try:
-        usable, warnings = gpu_table.select(gpus, s["gpus"])
+        usable, warnings = gpu_table.select(gpus, s.gpus)
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
     selected = usable
@@ -656,8 +656,8 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     PlanError with one sentence on any impossibility. A member of a multi-node serving group is
     planned by multinode.make_group_plan (planning.for_host chooses). `health`: see start()."""
     s, ctx, usable, warnings, selected, sick = start(gpus, data, local_meta, health)
-    if s["serving_group"]:
-        raise PlanError(f"serving_group {s['serving_group']} is planned over all its members (planning.for_host)")
+    if s.serving_group:
+        raise PlanError(f"serving_group {s.serving_group} is planned over all its members (planning.for_host)")
     layouts = []
     for group in gpu_table.groups(usable):
         try:
@@ -704,13 +704,13 @@ def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_ve
     warnings += trap
     mounts, downloads = _weights(ctx)
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", **more_env}
-    if s["hf_endpoint"]:
-        env["HF_ENDPOINT"] = s["hf_endpoint"].rstrip("/")
+    if s.hf_endpoint:
+        env["HF_ENDPOINT"] = s.hf_endpoint.rstrip("/")
     used = {g.index for i in instances for g in i.gpus}
     return Plan(
-        host=host, model=ctx.model, image=settings.rewrite_image(s["vllm_image"], s["image_registry_rewrite"]),
+        host=host, model=ctx.model, image=settings.rewrite_image(s.vllm_image, s.image_registry_rewrite),
         vllm_version=ctx.v.version, instances=instances, gpu_method=method, mounts=mounts, downloads=downloads,
-        env=env, bind_address=s["bind_address"], served_name=ctx.model.served_name, warnings=warnings,
+        env=env, bind_address=s.bind_address, served_name=ctx.model.served_name, warnings=warnings,
         docker_exec_opts=exec_opts, choices=choices,
         excluded_gpus=[g.index for g in gpus if g.index not in used],
     )
@@ -733,11 +733,11 @@ def _slots(s, layouts: list[_Layout], identity: dict | None) -> list[tuple[str, 
     shape gets the first name and port the healthy plan does not use."""
     total = sum(lay.count for lay in layouts)
     if not identity:
-        return [(f"{s['instance_prefix']}{i}", s["port_base"] + i) for i in range(total)]
+        return [(f"{s.instance_prefix}{i}", s.port_base + i) for i in range(total)]
     keys = [frozenset(g.uuid for g in lay.groups[k]) for lay in layouts for k in range(lay.count)]
     used_names, used_ports = {n for n, _ in identity.values()}, {p for _, p in identity.values()}
-    names = (n for n in (f"{s['instance_prefix']}{i}" for i in range(10**6)) if n not in used_names)
-    ports = (p for p in range(s["port_base"], 65536) if p not in used_ports)
+    names = (n for n in (f"{s.instance_prefix}{i}" for i in range(10**6)) if n not in used_names)
+    ports = (p for p in range(s.port_base, 65536) if p not in used_ports)
     out = []
     for key in keys:
         if key in identity:
@@ -745,7 +745,7 @@ def _slots(s, layouts: list[_Layout], identity: dict | None) -> list[tuple[str, 
             continue
         port = next(ports, None)
         if port is None:
-            raise PlanError(f"port_base {s['port_base']} leaves no TCP port for {total} instances")
+            raise PlanError(f"port_base {s.port_base} leaves no TCP port for {total} instances")
         out.append((next(names), port))
     return out
 
@@ -753,11 +753,11 @@ def _slots(s, layouts: list[_Layout], identity: dict | None) -> list[tuple[str, 
 def _instances(ctx: _Ctx, layouts: list[_Layout], identity: dict | None = None) -> list[Instance]:
     s = ctx.s
     total = sum(lay.count for lay in layouts)
-    if not 1 <= s["port_base"] <= 65535 - total:
-        raise PlanError(f"port_base {s['port_base']} is not a usable TCP port for {total} instances")
+    if not 1 <= s.port_base <= 65535 - total:
+        raise PlanError(f"port_base {s.port_base} is not a usable TCP port for {total} instances")
     slots = _slots(s, layouts, identity)
     names = [n for n, _ in slots]
-    per_instance = s["instance_extra_args"]
+    per_instance = s.instance_extra_args
     # an instance left out with its sick GPU keeps its extra args for its return
     unknown = sorted(set(per_instance) - set(names) - {n for n, _ in (identity or {}).values()})
     if unknown:
@@ -786,7 +786,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout], identity: dict | None = None) 
 
 
 def _weights(ctx: _Ctx) -> tuple[list[Mount], list[dict]]:
-    root, m = ctx.s["models_root"], ctx.model
+    root, m = ctx.s.models_root, ctx.model
     # one host directory per (repo, commit); the container path names the repo only
     mdir = catalog.host_dir_name(m.repo, m.revision)
     mounts = [Mount(f"{root}/{mdir}", ctx.model_path)]
@@ -802,7 +802,7 @@ def _weights(ctx: _Ctx) -> tuple[list[Mount], list[dict]]:
 def _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver):
     """(method, daemon.json exec-opts, warnings): how containers get GPUs, and the remedy for the
     NVML 'Unknown Error' trap (NVIDIA/nvidia-docker#1730)."""
-    selection, remedy = s["gpu_selection"], s["nvml_remedy"]
+    selection, remedy = s.gpu_selection, s.nvml_remedy
     cdi_ok = cdi_available and versions.parse(docker_version) >= (25, 0)
     if selection == "cdi" and not cdi_ok:
         raise PlanError(
@@ -812,7 +812,7 @@ def _gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver)
     # When systemd manages the container cgroups (Docker's systemd cgroup driver, the default on
     # cgroup v2, possible on v1), devices granted by the legacy hook are dropped at every
     # daemon-reload. Judge by the driver Docker has after this run.
-    explicit = s["docker_exec_opts"]
+    explicit = s.docker_exec_opts
     at_risk = effective_cgroup_driver(explicit, cgroup_driver, cgroup_version) == "systemd" and method == "gpus"
     trap = (f"cgroup v{cgroup_version or '?'} with Docker's systemd cgroup driver and the legacy --gpus hook "
             "loses GPUs after every systemctl daemon-reload (NVML 'Unknown Error')")
@@ -835,7 +835,7 @@ def effective_cgroup_driver(exec_opts, current: str | None, cgroup_version: int 
     Docker >= 20.10 picks systemd on cgroup v2 and cgroupfs on v1."""
     if exec_opts is None:
         return current
-    for opt in exec_opts if isinstance(exec_opts, list) else []:
+    for opt in exec_opts if isinstance(exec_opts, (list, tuple)) else []:
         key, _, value = str(opt).partition("=")
         if key.strip() == "native.cgroupdriver":
             return value.strip()

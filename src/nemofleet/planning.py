@@ -18,8 +18,8 @@ def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = 
     """The plan for a host from its HostFacts and Settings; `group_facts`: {member: HostFacts} of
     its whole serving group (this host included) when it is in one. Raises PlanError."""
     docker, tk = facts["docker"], facts["toolkit"]
-    make = multinode.make_group_plan if s["serving_group"] else plan.make_plan
-    kw = {"peers": group_facts} if s["serving_group"] else {}
+    make = multinode.make_group_plan if s.serving_group else plan.make_plan
+    kw = {"peers": group_facts} if s.serving_group else {}
     return make(
         host, plan.gpus_from_facts(facts["gpus"]["gpus"]), s,
         # a CDI spec exists, or the toolkit can generate one (the host configuration does)
@@ -35,7 +35,7 @@ def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
     directory or, before it exists, any directory of the same repo."""
     models = facts.get("models") or {}
     try:
-        model = catalog.resolve(s["model"])
+        model = catalog.resolve(s.model)
     except (catalog.UnknownModel, ValueError, TypeError, KeyError):
         return None  # refused with its sentence by the planner
     same = models.get(catalog.host_dir_name(model.repo, model.revision))

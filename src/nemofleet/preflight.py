@@ -78,7 +78,7 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
         v.refusals.append(why)
         return v
     try:
-        p = planning.for_host(host, facts, s, {**(peers or {}), host: facts} if s["serving_group"] else None)
+        p = planning.for_host(host, facts, s, {**(peers or {}), host: facts} if s.serving_group else None)
     except planner.PlanError as exc:
         v.refusals.append(str(exc))
         return v
@@ -96,7 +96,7 @@ def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], li
     refusals: list[str] = []
     warnings: list[str] = []
     try:
-        refusals += _driver_refusals(facts, s["vllm_image"])
+        refusals += _driver_refusals(facts, s.vllm_image)
     except vllm_flags.UnknownVersion as exc:
         return [str(exc)], warnings
     off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
@@ -168,5 +168,5 @@ def _disk_refusals(facts: dict, p: planner.Plan, s: Settings) -> list[str]:
     need = int(max(0, p.model.weight_bytes - present) * 1.1)
     if free < need:
         return [f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
-                f"{s['models_root']}, {need / 1e9:.1f} GB needed (model + 10%)"]
+                f"{s.models_root}, {need / 1e9:.1f} GB needed (model + 10%)"]
     return []

@@ -90,13 +90,14 @@ def release_record(plan: Plan) -> str:
             f"instances={','.join(i.name for i in plan.instances)}\n")
 
 
-def frontend_networks(frontends: list[dict], inst: Instance, single: bool) -> list[tuple[str, str]]:
+def frontend_networks(frontends, inst: Instance, single: bool) -> list[tuple[str, str]]:
+    """(network, alias) of each frontend (settings.Frontend) an instance joins."""
     nets = []
     for fe in frontends:
-        alias = fe.get("alias") or inst.name
+        alias = fe.alias or inst.name
         if not single:
-            alias = f"{alias}-{inst.name.rsplit('-', 1)[-1]}" if fe.get("alias") else inst.name
-        nets.append((fe["network"], alias))
+            alias = f"{alias}-{inst.name.rsplit('-', 1)[-1]}" if fe.alias else inst.name
+        nets.append((fe.network, alias))
     return nets
 
 
@@ -136,7 +137,7 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
     return [systemd_word(x) for x in w]
 
 
-def unit(plan: Plan, inst: Instance, frontends: list[dict], docker_major: int, start_timeout: int = 1800) -> str:
+def unit(plan: Plan, inst: Instance, frontends, docker_major: int, start_timeout: int = 1800) -> str:
     # Docker < 25 takes one --network at create time: create, connect the others, start
     # (docs/recipes.md, "Units")
     connect_after_create = docker_major < 25 and len(frontends) > 1
@@ -186,9 +187,9 @@ def health_script(plan: Plan, s, front_door: bool = False) -> str:
         drain=paths.DRAIN_SCRIPT if front_door else "",
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
         group=next((i.group for i in plan.instances if i.group), None),
-        check_infer=1 if s["health_check_infer"] else 0, fail_restart=s["health_fail_restart"],
-        restart_grace=s["health_restart_grace"], restarts_per_hour=s["health_restarts_per_hour"],
-        prom_dir=s["prom_dir"], gpu_fields=",".join(HEALTH_FIELDS),
+        check_infer=1 if s.health_check_infer else 0, fail_restart=s.health_fail_restart,
+        restart_grace=s.health_restart_grace, restarts_per_hour=s.health_restarts_per_hour,
+        prom_dir=s.prom_dir, gpu_fields=",".join(HEALTH_FIELDS),
         drain_xids=",".join(str(c) for c in sorted(DRAIN_XIDS)), resets_file=RESETS_FILE,
     )
 
@@ -201,8 +202,8 @@ FRONT_DOOR_DROPIN_TEXT = (
 def front_door_binds(s, bridge: str | None) -> list[str]:
     """Where the front door listens: loopback (clients on the host, the load generator) and the
     address containers reach the host on (front_door_address, else Docker's bridge gateway)."""
-    port = s["front_door_port"]
-    extra = s["front_door_address"] or bridge
+    port = s.front_door_port
+    extra = s.front_door_address or bridge
     binds = [f"127.0.0.1:{port}"]
     if extra and extra not in ("127.0.0.1",):
         binds.append(f"{_bracketed(extra)}:{port}")
@@ -231,37 +232,37 @@ def front_door_config(plan: Plan, s, bridge: str | None) -> str:
     address = probe_address(plan)
     return haproxy_config(header, "front_door", front_door_binds(s, bridge),
                           [(i.name, f"{address}:{i.host_port}") for i in plan.instances],
-                          s["front_door_timeout"], fall=2, rise=1)
+                          s.front_door_timeout, fall=2, rise=1)
 
 
 def drain_script(plan: Plan, s) -> str:
     return _env.get_template("nemofleet-drain.sh.j2").render(
         host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
         group=next((i.group for i in plan.instances if i.group), None),
-        socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, drain_seconds=s["drain_seconds"],
-        ready_timeout=s["ready_timeout"])
+        socket=paths.FRONT_DOOR_SOCKET, backend=paths.FRONT_DOOR_BACKEND, drain_seconds=s.drain_seconds,
+        ready_timeout=s.ready_timeout)
 
 
 def health_conf(s) -> str:
     """/etc/nemofleet/health.conf (0600): what the health script must not carry in a 0755 file."""
     text = "# Managed by nemofleet: read by /usr/local/bin/nemofleet-health (root only).\n"
-    if s["health_webhook_url"]:
-        text += f"DEFAULT_WEBHOOK_URL={shlex.quote(s['health_webhook_url'])}\n"
+    if s.health_webhook_url:
+        text += f"DEFAULT_WEBHOOK_URL={shlex.quote(s.health_webhook_url.reveal())}\n"  # a 0600 file
     return text
 
 
 def health_cron(s) -> str:
     from .valuetypes import cron_problem
 
-    if cron_problem(s["health_schedule"]):  # settings.py refuses it first; never a second cron line
-        raise ValueError(f"health_schedule {cron_problem(s['health_schedule'])}")
-    return _env.get_template("nemofleet-health.cron.j2").render(schedule=s["health_schedule"])
+    if cron_problem(s.health_schedule):  # settings.py refuses it first; never a second cron line
+        raise ValueError(f"health_schedule {cron_problem(s.health_schedule)}")
+    return _env.get_template("nemofleet-health.cron.j2").render(schedule=s.health_schedule)
 
 
 def docker_proxy(s) -> str | None:
     """The dockerd proxy drop-in; values are URLs checked in settings.py (no quote, % or newline
     can reach the Environment= lines)."""
-    keys = {k: s[k] for k in ("http_proxy", "https_proxy", "no_proxy")}
+    keys = {"http_proxy": s.http_proxy, "https_proxy": s.https_proxy, "no_proxy": s.no_proxy}
     if not any(keys.values()):
         return None
     return _env.get_template("docker-proxy.conf.j2").render(**keys)

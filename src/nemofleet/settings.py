@@ -15,9 +15,12 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
+
+import pydantic
 
 from . import valuetypes as vt
+from .secret import Secret
 
 # The one definition of the default vLLM image (the tag the recipes in docs/recipes.md ran).
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
@@ -501,18 +504,110 @@ def pyinfra_keys() -> frozenset[str]:
     return _PYINFRA
 
 
-class Settings(dict):
-    """Validated host data: every declared key present. Read with s["key"] or s.key."""
+# ---------------------------------------------------------------------------- the typed model
+#
+# KEYS above is the table (name, type, default, meaning, README row); `Settings` is the typed,
+# frozen object built from it: one attribute per key (`s.port_base`), nested values as models
+# of their own, secrets as `secret.Secret`, lists as tuples. `parse()` is the only way to one:
+# every value is checked for its form here (one sentence per bad key) and then typed, so nothing
+# after the edge reads a raw value or checks it again.
 
-    def __getattr__(self, name: str):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
-    def __repr__(self) -> str:  # never print secrets
-        return "Settings(" + ", ".join(
-            f"{k}={'***' if BY_NAME[k].secret and v else v!r}" for k, v in self.items() if k in BY_NAME) + ")"
+class _Typed(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True, strict=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+class Frontend(_Typed):
+    """One entry of `frontends`: a Docker network a frontend (Open-WebUI, Dify) is on."""
+    network: str
+    name: Optional[str] = None
+    alias: Optional[str] = None
+    create: bool = False
+
+
+class GatewayBackend(_Typed):
+    """One entry of `gateway_backends`: a model endpoint the gateway balances over."""
+    host: str
+    port: int
+    name: str  # host:port when the entry names none
+
+
+class SeedPeer(_Typed):
+    """A peer of `weights_seed_from`: a host to copy weights from before the mirror."""
+    host: str
+    user: Optional[str] = None
+    port: Optional[int] = None
+    key: Optional[str] = None
+    wait: Optional[int] = None
+    start: Optional[int] = None
+    held: Optional[bool] = None
+
+    def as_dict(self) -> dict:
+        """The peer as the weights operation and the fan-out's --data take it (unset fields left out)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+def _annotation(key: Key):
+    """The field type of a key: its table types, with the nested models, secrets and tuples."""
+    if key.secret:
+        return Optional[Secret]
+    special = {"frontends": tuple[Frontend, ...], "gateway_backends": tuple[GatewayBackend, ...],
+               "weights_seed_from": Union[SeedPeer, tuple[SeedPeer, ...], None],
+               "nvidia_driver_branch": Optional[str]}
+    if key.name in special:
+        return special[key.name]
+    kinds = {str: str, int: int, float: float, bool: bool, dict: dict, list: tuple, type(None): type(None)}
+    parts = [kinds[t] for t in key.types]
+    if float in parts and int in parts:
+        parts.remove(int)  # gpu_memory_utilization: 1 and 0.9 alike, typed as a float
+    return Union[tuple(parts)] if len(parts) > 1 else parts[0]
+
+
+def _typed(key: Key, value):
+    """A checked raw value -> its typed form (nested models, Secret, tuples)."""
+    if value is None:
+        return None
+    if key.secret:
+        return Secret(value)
+    if key.name == "frontends":
+        return tuple(Frontend(network=f["network"], name=f.get("name"), alias=f.get("alias"),
+                              create=bool(f.get("create"))) for f in value)
+    if key.name == "gateway_backends":
+        return tuple(GatewayBackend(host=b["host"], port=b["port"], name=b.get("name") or f"{b['host']}:{b['port']}")
+                     for b in value)
+    if key.name == "weights_seed_from":
+        peer = lambda v: SeedPeer(**({"host": v} if isinstance(v, str) else v))  # noqa: E731
+        return tuple(peer(v) for v in value) if isinstance(value, list) else peer(value)
+    if key.name == "nvidia_driver_branch":
+        return str(value)  # --data 580 arrives as a number
+    if key.name == "speculative" and value == "":
+        return "none"
+    if float in key.types and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+class _SettingsBase(_Typed):
+    """Validated host data: every key of the table as a typed attribute (`s.port_base`)."""
+
+    def replace(self, **changes) -> "Settings":
+        """A copy with some values changed: the planner's what-ifs (a lower memory utilisation, no
+        TP given). The values are the planner's own typed ones, not host data."""
+        return self.model_copy(update=changes)
+
+    def __repr__(self) -> str:  # secrets are Secret: shown as <secret>
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in self) + ")"
+
+    __str__ = __repr__
+
+
+Settings = pydantic.create_model(
+    "Settings", __base__=_SettingsBase,
+    **{k.name: (_annotation(k), pydantic.Field(default=None, description=k.doc)) for k in KEYS})
 
 
 def _check(key: Key, value) -> str | None:
@@ -588,7 +683,7 @@ def is_foreign(name: str) -> bool:
 def parse(data: dict) -> Settings:
     """Host data -> Settings (defaults filled in). Raises SettingsError with one sentence per bad key."""
     problems = []
-    out = Settings()
+    out: dict = {}
     if not isinstance(data, dict):
         raise SettingsError([f"host data must be a mapping of setting names to values, not {type(data).__name__}"])
     odd = [k for k in data if not isinstance(k, str)]
@@ -598,18 +693,25 @@ def parse(data: dict) -> Settings:
         if name not in BY_NAME and not is_foreign(name):
             problems.append(unknown_key_sentence(name))
     for key in KEYS:
-        value = data.get(key.name, key.default) if key.name in data else key.default
-        why = _check(key, value)
+        value = data[key.name] if key.name in data else key.default
+        try:
+            why = _check(key, value)
+        except RecursionError:
+            why = f"{key.name} is nested too deeply"
         if why:
             problems.append(why)
-        out[key.name] = value
+        else:
+            out[key.name] = value
     if problems:
         raise SettingsError(problems)
-    if isinstance(out["nvidia_driver_branch"], int):
-        out["nvidia_driver_branch"] = str(out["nvidia_driver_branch"])  # --data 580 arrives as a number
-    if out["speculative"] == "":
-        out["speculative"] = "none"
-    return out
+    try:
+        return Settings(**{key.name: _typed(key, out[key.name]) for key in KEYS})
+    except (pydantic.ValidationError, TypeError, ValueError, KeyError) as exc:
+        # a value the sentences above let through but the type does not take: named, never raised
+        where = exc.errors()[0]["loc"] if isinstance(exc, pydantic.ValidationError) else ()
+        name = where[0] if where else "a setting"
+        raise SettingsError([f"{name} has a value of a shape nemofleet cannot use ({type(exc).__name__}); "
+                             f"`nemofleet settings` shows its type"]) from None
 
 
 def defaults() -> Settings:

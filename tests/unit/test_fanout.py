@@ -90,7 +90,7 @@ def test_who_takes_part():
     assert fanout.wanted({**data, "weights_fanout": False}, KEYS) is None
     assert fanout.wanted({**data, "weights_seed_from": "peer"}, KEYS) is None  # the operator's choice wins
     group = {**data, "serving_group": "g", "serving_group_members": ["a", "b"]}
-    assert settings_mod.parse(group)["serving_group"] == "g"  # it parses: left out for being a member
+    assert settings_mod.parse(group).serving_group == "g"  # it parses: left out for being a member
     assert fanout.wanted(group, KEYS) is None  # a multi-node group's members fetch as they would alone
     assert fanout.wanted({**data, "port_base": "x"}, KEYS) is None
     assert fanout.weights_dir(data, key).startswith("/srv/nemofleet/models/")
@@ -176,7 +176,7 @@ def test_a_converge_decides_one_tree_from_the_hosts_data_alone():
     for h in ("h3", "h5", "h6"):
         assert run.seed_from(h) is None
     for h in ("h1", "h2", "h4"):  # what a host is handed parses as its own setting would
-        assert settings_mod.parse({**datas[h], "weights_seed_from": run.seed_from(h)})["weights_seed_from"]
+        assert settings_mod.parse({**datas[h], "weights_seed_from": run.seed_from(h)}).weights_seed_from
     # one host alone, or no seed key: nothing changes
     assert fanout.for_run(_run_data(1), lambda d: KEYS).seed_from("h1") is None
     assert fanout.for_run(_run_data(4), lambda d: {}).seed_from("h2") is None
@@ -190,7 +190,7 @@ def test_a_converge_decides_one_tree_from_the_hosts_data_alone():
 
 def test_held_and_start_are_typed_and_exclusive():
     ok = [{"host": "a", "held": True}, {"host": "b", "wait": 600, "start": 60}]
-    assert settings_mod.parse({"weights_seed_from": ok})["weights_seed_from"] == ok
+    assert [p.as_dict() for p in settings_mod.parse({"weights_seed_from": ok}).weights_seed_from] == ok
     for bad in ([{"host": "a", "held": "yes"}], [{"host": "a", "held": True, "wait": 60}],
                 [{"host": "a", "wait": 60, "start": 5}], [{"host": "a", "start": "60; rm -rf /"}]):
         try:

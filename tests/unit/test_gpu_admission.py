@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from nemofleet import gpuhealth, preflight
+from nemofleet import gpuhealth, preflight, settings
 from nemofleet.facts.gpuhealth import HEALTH_FIELDS
 from nemofleet.plan import Gpu, PlanError, make_plan
 
@@ -237,7 +237,7 @@ def test_an_instance_of_a_new_shape_takes_names_and_ports_the_healthy_plan_does_
 
     gs = gpus(4)
     lay = SimpleNamespace(gpus=gs[:3], tp=1, count=3, groups=[[g] for g in gs[:3]])  # each instance's GPUs
-    s = {"instance_prefix": "v", "port_base": 8000}
+    s = settings.parse({"instance_prefix": "v", "port_base": 8000})
     identity = {frozenset(g.uuid for g in gs): ("v0", 8000)}  # the healthy plan: one TP4 instance
     assert _slots(s, [lay], identity) == [("v1", 8001), ("v2", 8002), ("v3", 8003)]
     identity = {frozenset([gs[1].uuid]): ("v1", 8001)}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import desired, paths, render, shell
+from nemofleet import desired, paths, render, settings, shell
 from nemofleet.operations import atomic_put, weights
 from opharness import readable
 from test_desired import REV, SECRETS, facts
@@ -170,10 +170,11 @@ def test_haproxy_lines_written_through_their_own_escaping():
 def test_cron_line_refuses_a_schedule_cron_would_not_run():
     from test_destinations import cron_lines
 
-    assert len(cron_lines(render.health_cron({"health_schedule": "*/5 * * * *"}))) == 1
+    assert len(cron_lines(render.health_cron(settings.parse({"health_schedule": "*/5 * * * *"})))) == 1
     for bad in ("* * * * *\n* * * * * root id", "99 99 99 99 99", "*/0 * * * *"):
         with pytest.raises(ValueError):
-            render.health_cron({"health_schedule": bad})
+            # past the settings (replace() takes typed values unchecked): the renderer refuses on its own
+            render.health_cron(settings.defaults().replace(health_schedule=bad))
 
 
 # ---------------------------------------------------------------------------- bounded

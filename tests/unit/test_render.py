@@ -3,10 +3,12 @@ import shlex
 
 from nemofleet.plan import Gpu, make_plan
 from nemofleet.render import health_cron, release_id, systemd_word, unit
+from nemofleet import settings
 from nemofleet.settings import defaults
 
 GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, "9.0") for i in range(2)]
-FRONTENDS = [{"network": "open-webui_default", "alias": "nemotron"}, {"network": "dify_default", "alias": "nemotron"}]
+FRONTENDS = settings.parse({"frontends": [{"network": "open-webui_default", "alias": "nemotron"},
+                                          {"network": "dify_default", "alias": "nemotron"}]}).frontends
 
 
 def systemd_split(line: str) -> list[str]:

@@ -23,8 +23,8 @@ def problems(data: dict) -> list[str]:
 
 def test_defaults_parse_and_hold_every_key():
     s = settings.defaults()
-    assert set(s) == KEYS
-    assert s["vllm_image"] == settings.DEFAULT_IMAGE and s.port_base == 8000
+    assert set(type(s).model_fields) == KEYS and not isinstance(s, dict)
+    assert s.vllm_image == settings.DEFAULT_IMAGE and s.port_base == 8000
 
 
 def test_unknown_key_refused_with_did_you_mean():

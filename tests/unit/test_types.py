@@ -96,7 +96,7 @@ def test_cron_fields_checked_per_position(schedule, why):
 @pytest.mark.parametrize("schedule", ["* * * * *", "*/5 * * * *", "0 0 * * 7", "1,2,10-20/2 0-23 1-31 1-12 0-7",
                                       "@daily", "@hourly", "59 23 31 12 6"])
 def test_cron_schedules_cron_runs_accepted(schedule):
-    assert settings.parse({"health_schedule": schedule})["health_schedule"] == schedule
+    assert settings.parse({"health_schedule": schedule}).health_schedule == schedule
 
 
 # ---------------------------------------------------------------------------- addresses and names
@@ -119,7 +119,7 @@ def test_gateway_backend_host_is_an_address_or_a_host_name(value):
 def test_gateway_backend_names_and_hosts_accepted():
     s = settings.parse({"gateway_backends": [{"host": "gpu-1.example", "port": 8800},
                                              {"host": "fd00::1", "port": 8800, "name": "b"}]})
-    assert len(s["gateway_backends"]) == 2
+    assert len(s.gateway_backends) == 2
 
 
 @pytest.mark.parametrize("members", [["a\nb", "c"], ["a", "b c"], ["a", "a"], ["a"]])
@@ -149,7 +149,7 @@ def test_driver_package_format_fields_restricted_to_branch(name):
 
 def test_driver_package_branch_expands():
     s = settings.parse({"nvidia_driver_packages": ["nvidia-driver-{branch}-server"]})
-    assert s["nvidia_driver_packages"] == ["nvidia-driver-{branch}-server"]
+    assert s.nvidia_driver_packages == ("nvidia-driver-{branch}-server",)  # lists are typed as tuples
 
 
 @pytest.mark.parametrize("seed", [{"host": "peer", "key": 5}, {"host": "peer", "key": "a b"},
@@ -270,7 +270,7 @@ def test_credentials_in_a_mirror_url_refused_with_where_to_put_them(data):
 
 
 def test_a_mirror_url_without_credentials_accepted():
-    assert settings.parse({"hf_endpoint": "https://mirror.internal/hf"})["hf_endpoint"] == "https://mirror.internal/hf"
+    assert settings.parse({"hf_endpoint": "https://mirror.internal/hf"}).hf_endpoint == "https://mirror.internal/hf"
 
 
 @pytest.mark.parametrize("argv", [["rollout", "inv.py", "--wait", "nan"], ["rebuild", "inv.py", "h", "--wait", "nan"],

@@ -53,7 +53,7 @@ def ssh_target(inventory: str, host: str) -> Target:
 
     d = driver.host_data(inventory, [host])[host]
     try:
-        expected = settings.parse(d)["expected_host_key"]
+        expected = settings.parse(d).expected_host_key
     except settings.SettingsError:
         expected = None  # a bad setting is refused by the preflight stage with its sentence
     # ssh_* are pyinfra's connector data; these fallbacks are its own defaults

@@ -36,7 +36,7 @@ def _script_for(data: dict) -> tuple[str, list[str]]:
 
     try:
         s = settings.parse(data)
-        return commands.status(s["models_root"], s["prom_dir"]), []
+        return commands.status(s.models_root, s.prom_dir), []
     except settings.SettingsError as exc:
         d = settings.defaults()  # still show what the host has where nemofleet would put it
         return commands.status(d["models_root"], d["prom_dir"]), exc.problems
