@@ -360,7 +360,7 @@ def decide(i: HostInputs) -> Desired:
     d.daemon_json = docker_settings(s, p, facts)
     d.daemon_json_defaults = docker_defaults(s)
     try:
-        from .operations.daemon_json import DaemonJsonError, validate_settings
+        from .dockerconf import DaemonJsonError, validate_settings
         validate_settings({**d.daemon_json_defaults, **d.daemon_json})
     except DaemonJsonError as exc:
         d.refusals.append(str(exc))

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .facts.gpu import Unreadable
-from .facts.gpuhealth import HEALTH_FIELDS, bus_key, typed
+from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
 
 
 class HealthError(ValueError):

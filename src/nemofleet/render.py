@@ -17,7 +17,7 @@ from importlib import resources
 import jinja2
 
 from . import paths
-from .facts.gpuhealth import HEALTH_FIELDS, RESETS_FILE
+from .nvsmi import HEALTH_FIELDS, RESETS_FILE
 from .gpuhealth import DRAIN_XIDS
 from .plan import CONTAINER_PORT, Instance, Plan
 

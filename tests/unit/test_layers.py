@@ -54,3 +54,24 @@ def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
     graph = _graph()
     wrong = sorted(f"{m} imports {d}" for m, ds in graph.items() if not _on_top(m) for d in ds if _on_top(d))
     assert not wrong, wrong
+
+
+# The edge and the decision: pure, so plan, status, the deploy, rollout, rebuild and the gateway can
+# share them and a test can run them without pyinfra (issue 35). inputs is the gatherer's pure half.
+PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemofleet.inputs", "nemofleet.desired",
+        "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
+        "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
+        "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags")
+
+
+def test_the_decision_modules_import_no_pyinfra_operations_facts_or_fleet():
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys\n"
+            f"for m in {PURE!r}: importlib.import_module(m)\n"
+            "bad = sorted(k for k in sys.modules if k == 'pyinfra' or k.startswith(('pyinfra.', 'nemofleet.operations',"
+            " 'nemofleet.facts', 'nemofleet.fleet', 'nemofleet.deploy', 'nemofleet.cli')))\n"
+            "print(' '.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"the decision layer loads: {out}"

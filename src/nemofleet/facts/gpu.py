@@ -7,28 +7,15 @@ import re
 
 from pyinfra.api import FactBase
 
-GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
-              "pci.bus_id", "mig.mode.current", "persistence_mode")
-
-# nvidia-smi exit codes (nvidia-smi(1), RETURN VALUE)
-SMI_EXIT = {6: "no NVIDIA GPU was found", 9: "the NVIDIA driver is not loaded",
-            14: "the GPU's infoROM is corrupted", 15: "a GPU has fallen off the bus"}
-
-
-SMI_TIMEOUT = 20  # nvidia-smi answers in well under a second; 20 s means the driver hangs
-MEMINFO_TIMEOUT = 5  # reading /proc/meminfo is instant
-MEMTOTAL = "MEMTOTAL_KB="  # the line NvidiaGpus adds after nvidia-smi's: /proc/meminfo's MemTotal
-CTK_TIMEOUT = 20
-TIMED_OUT = 124  # timeout(1)'s exit status when it had to stop the command
-
-
-class Unreadable(ValueError):
-    """A tool printed something nemofleet cannot read, or did not answer. `value` is what the
-    fact reports on its own (process()); HostFacts records the sentence in `errors`."""
-
-    def __init__(self, sentence: str, value=None):
-        super().__init__(sentence)
-        self.value = value
+from ..nvsmi import (  # noqa: F401  (the names the facts and their tests use)
+    CTK_TIMEOUT,
+    GPU_FIELDS,
+    MEMINFO_TIMEOUT,
+    MEMTOTAL,
+    SMI_EXIT,
+    SMI_TIMEOUT,
+    TIMED_OUT,
+    Unreadable)
 
 
 class StrictFact(FactBase):

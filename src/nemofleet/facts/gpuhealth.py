@@ -14,71 +14,26 @@ import csv
 import re
 
 
-from .gpu import SMI_TIMEOUT, TIMED_OUT, StrictFact, Unreadable
+from .gpu import SMI_TIMEOUT, TIMED_OUT, StrictFact, Unreadable  # noqa: F401
 
-# Query fields, as `nvidia-smi --help-query-gpu` names them (driver 580 on an H200 accepts every
-# one, docs/gpu-health.md). Identity first: the driver always knows those three.
-IDENTITY = ("index", "uuid", "pci.bus_id")
-COUNTS = ("ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggregate.total",
-          "remapped_rows.correctable", "remapped_rows.uncorrectable",
-          "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
-          "temperature.gpu")
-YES_NO = ("retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure")
-ACTIVE = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
-          "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown")
-TEXT = ("ecc.mode.current", "fabric.state", "fabric.status", "gpu_recovery_action", "persistence_mode")
-HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
-                            "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending",
-                            "remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending",
-                            "remapped_rows.failure") + ACTIVE + (
-    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
-    "fabric.state", "fabric.status", "temperature.gpu", "persistence_mode", "gpu_recovery_action")
-
-NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
-LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
-XID_TAIL = 200  # Xid lines kept: a flapping GPU cannot grow the fact without bound
-RESETS_FILE = "/var/lib/nemofleet/gpu-resets"  # "PCI_BUS_ID UNIX_TIME" per reset nemofleet recorded
-# "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (templates/nemofleet-health.sh.j2)
-SICK_GLOB = "/var/lib/nemofleet/health/gpu-*.sick"
-LOG_TIMEOUT = 10
-SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out; the health query is not tried
-# `NVRM: Xid (PCI:0000:07:00): 79, pid=..., GPU has fallen off the bus.` after dmesg's
-# `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
-_XID = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?$")
-_REFUSED = re.compile(r'^Field "(.+)" is not a valid field to query\.')
-
-
-def bus_key(bus_id: str) -> str:
-    """'00000000:07:00.0' (nvidia-smi) and '0000:07:00' (an Xid line) -> '0000:07:00'."""
-    parts = bus_id.strip().lower().split(".")[0].split(":")
-    if len(parts) < 3:
-        return bus_id.strip().lower()
-    return f"{parts[-3][-4:]}:{parts[-2]}:{parts[-1]}"
-
-
-def typed(name: str, value, where: str = ""):
-    """One value of query field `name`, typed; Unreadable (one sentence) when it is not what
-    nvidia-smi prints for that field. Accepts an already-typed value too (facts files)."""
-    if value is None or isinstance(value, bool) and name in YES_NO + ACTIVE:
-        return value
-    text = str(value).strip()
-    if text in NOT_REPORTED:
-        return None
-    if name in COUNTS or name == "index":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if re.fullmatch(r"\d+", text):
-            return int(text)
-    elif name in YES_NO:
-        if text in ("Yes", "No"):
-            return text == "Yes"
-    elif name in ACTIVE:
-        if text in ("Active", "Not Active"):
-            return text == "Active"
-    elif isinstance(value, str) and not (text.startswith("[") and text.endswith("]")):
-        return text
-    raise Unreadable(f"nvidia-smi printed {text[:60]!r} for {name}{where}, which nemofleet cannot read; "
-                     "run nvidia-smi -q on the host")
+from ..nvsmi import (  # noqa: F401
+    ACTIVE,
+    COUNTS,
+    HEALTH_FIELDS,
+    IDENTITY,
+    LOG_TIMEOUT,
+    LOST,
+    NOT_REPORTED,
+    RESETS_FILE,
+    SICK_GLOB,
+    SMI_HUNG,
+    TEXT,
+    XID_TAIL,
+    YES_NO,
+    _REFUSED,
+    _XID,
+    bus_key,
+    typed)
 
 
 class GpuHealth(StrictFact):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import shlex
 
 from pyinfra import host, logger, state
@@ -19,6 +18,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from .. import shell, versions
 from ..facts.docker import DaemonJson, DockerInfo
 from ..facts.prefetch import fact
+from ..dockerconf import NEVER, DaemonJsonError, validate_settings  # noqa: F401  (checked before any host)
 from ..paths import DAEMON_JSON
 from . import atomic_put, fail_command, reads_with, temp_path
 
@@ -28,7 +28,6 @@ RELOADABLE = frozenset({
     "max-download-attempts", "default-runtime", "runtimes", "authorization-plugin",
     "insecure-registries", "registry-mirrors", "shutdown-timeout", "features",
 })
-NEVER = frozenset({"hosts"})  # the unit passes -H fd://; setting it in the file breaks dockerd
 MAPS = frozenset({"runtimes", "features"})  # merged entry by entry, never replaced whole
 # runtimes entries are only added when missing: an operator's own `nvidia` entry (another path,
 # runtimeArgs) is kept, so a converged host is not rewritten and Docker is not reloaded
@@ -41,38 +40,6 @@ VALIDATE_TIMEOUT = 30  # dockerd --validate parses the file and exits; 30 s mean
 # docker.service sets TimeoutStartSec=0 (no limit): bound a reload/restart ourselves. A restart
 # stops every container (live-restore off), which can take the containers' stop timeouts.
 APPLY_TIMEOUT = 300
-
-
-class DaemonJsonError(ValueError):
-    pass
-
-
-def validate_settings(desired: dict) -> None:
-    """Schema checks nemofleet can make before touching a host; raise with one sentence."""
-    for key in desired:
-        if key in NEVER:
-            raise DaemonJsonError(f"daemon.json key {key!r} must not be set: the docker unit passes -H fd:// and dockerd would refuse to start")
-    for url in desired.get("registry-mirrors") or []:
-        if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
-            raise DaemonJsonError(f"registry mirror {url!r} needs a scheme, e.g. https://{url}")
-    for reg in desired.get("insecure-registries") or []:
-        if not isinstance(reg, str) or "://" in reg:
-            raise DaemonJsonError(f"insecure registry {reg!r} must be host:port or a CIDR, without a scheme")
-    opts = desired.get("log-opts")
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise DaemonJsonError("docker log-opts must be a mapping of strings")
-        bad = [k for k, v in opts.items() if not isinstance(v, str)]
-        if bad:
-            raise DaemonJsonError(
-                f"docker log-opts values must be strings (dockerd refuses {', '.join(f'{k}={opts[k]!r}' for k in bad)}); "
-                f"quote them, e.g. \"{bad[0]}\": \"{opts[bad[0]]}\"")
-    exec_opts = desired.get("exec-opts")
-    if exec_opts is not None and not (isinstance(exec_opts, list) and all(isinstance(o, str) for o in exec_opts)):
-        raise DaemonJsonError("docker exec-opts must be a list of strings such as native.cgroupdriver=cgroupfs")
-    for opt in exec_opts or []:
-        if "=" not in opt:
-            raise DaemonJsonError(f"docker exec-opts entry {opt!r} must be name=value, e.g. native.cgroupdriver=cgroupfs")
 
 
 def _set_entries(out: dict, key: str, entries: dict, keep_existing: bool) -> None:
