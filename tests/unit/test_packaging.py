@@ -21,6 +21,8 @@ p = make_plan("h", [Gpu(0, "GPU-0", "NVIDIA H200", 143771, "9.0")], {})
 unit = render.unit(p, p.instances[0], [], 29)
 assert "ExecStart=/usr/bin/docker run" in unit and settings.DEFAULT_IMAGE in unit
 assert "INSTANCES=(" in render.health_script(p, settings.defaults())
+from nemofleet import remote  # the host programs travel in the wheel too
+assert all("__main__" in remote.source(n) for n in ("weights_check", "models_on_disk", "hub", "engine_read"))
 print("rendered", len(unit))
 """
 
