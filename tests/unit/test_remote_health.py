@@ -38,8 +38,8 @@ esac
 def setup(tmp_path, plan=None, conf="", **change):
     plan = plan or make_plan("h100-1", GPUS, {})
     config = json.loads(render.health_config(plan, settings.parse({})))
-    config.update(state_dir=str(tmp_path / "state"), conf=str(tmp_path / "health.conf"),
-                  auth_header=str(tmp_path / "none"), resets_file=str(tmp_path / "resets"), **change)
+    config.update({"state_dir": str(tmp_path / "state"), "conf": str(tmp_path / "health.conf"),
+                   "auth_header": str(tmp_path / "none"), "resets_file": str(tmp_path / "resets"), **change})
     (tmp_path / "health.json").write_text(json.dumps(config))
     (tmp_path / "health.conf").write_text(conf)
     (tmp_path / "health.py").write_text(render.health_program())
@@ -168,3 +168,79 @@ def test_a_missing_or_broken_config_is_one_sentence(tmp_path):
     assert r.returncode == 1 and "cannot read its config" in r.stdout and "run the nemofleet deploy again" in r.stdout
     (tmp_path / "bad.json").write_text("{not json")
     assert "cannot read its config" in run(tmp_path, plan, config="bad.json").stdout
+
+
+def test_with_real_curl_against_a_local_server_the_key_and_the_webhook(tmp_path):
+    """No stubs for HTTP: real curl against a local vLLM-like server (the API key header read from
+    its 0600 file, the inference probe) and a webhook receiver that records what it gets."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def answer(self, body, status=200):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            seen.append(("GET", self.path, self.headers.get("Authorization")))
+            if self.path == "/health":
+                self.answer({}, 200 if not seen_down() else 503)
+            elif self.path == "/v1/models":
+                self.answer({"data": [{"id": "nemotron"}]})
+            elif self.path == "/metrics":
+                data = b'vllm:num_requests_running{engine="0"} 2.0\nvllm:kv_cache_usage_perc{engine="0"} 0.25\n'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            else:
+                self.answer({}, 404)
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            seen.append(("POST", self.path, self.headers.get("Authorization"), body))
+            self.answer({"choices": [{"message": {"content": "OK"}}]})
+
+        def log_message(self, *a):
+            pass
+
+    down = tmp_path / "down"
+
+    def seen_down():
+        return down.exists()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        plan = make_plan("h100-1", GPUS[:1], {})
+        setup(tmp_path, conf=f"DEFAULT_WEBHOOK_URL=http://127.0.0.1:{port}/hook\n", address="127.0.0.1",
+              instances=[{"name": "nemotron-0", "port": port, "model": "nemotron", "unit": "u.service"}],
+              auth_header=str(tmp_path / "api-auth.header"))
+        (tmp_path / "api-auth.header").write_text("Authorization: Bearer k3y\n")
+        (tmp_path / "bin" / "curl").unlink()  # the real one
+        env = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "CHECK_INFER": "1"}
+        r = run(tmp_path, plan, **env)
+        assert r.returncode == 0 and "instance nemotron-0 healthy" in r.stdout, r.stdout + r.stderr
+        assert ("GET", "/v1/models", "Bearer k3y") in seen and ("GET", "/health", None) in seen
+        probe = [s for s in seen if s[0] == "POST" and s[1] == "/v1/chat/completions"]
+        assert probe and probe[0][2] == "Bearer k3y" and json.loads(probe[0][3])["model"] == "nemotron"
+        prom = (tmp_path / "prom" / "nemofleet.prom").read_text()
+        assert 'nemofleet_vllm_num_requests_running{instance="nemotron-0"} 2' in prom
+        assert 'nemofleet_vllm_kv_cache_usage_ratio{instance="nemotron-0"} 0.25' in prom
+        down.touch()
+        r = run(tmp_path, plan, **env)
+        assert r.returncode == 1 and "UNHEALTHY: /health returned 503 (failure 1)" in r.stdout
+        hooks = [s for s in seen if s[0] == "POST" and s[1] == "/hook"]
+        assert len(hooks) == 1 and hooks[0][2] is None  # the API key never goes to the webhook
+        assert json.loads(hooks[0][3]) == {"host": "h100-1", "instance": "nemotron-0", "state": "down",
+                                           "reason": "/health returned 503"}
+        assert str(port) + "/hook" not in " ".join(json.dumps(s) for s in seen if s[1] != "/hook")
+    finally:
+        server.shutdown()
+        server.server_close()
