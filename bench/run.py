@@ -110,7 +110,8 @@ HOST_FILES = r"""
 import glob, json
 paths = sorted(glob.glob("/etc/systemd/system/nemofleet-vllm-*.service")) + [
     "/etc/docker/daemon.json", "/etc/nemofleet/vllm.env", "/etc/nemofleet/api-auth.header", "/etc/nemofleet/hf.env",
-    "/var/lib/nemofleet/release", "/usr/local/bin/nemofleet-health", "/etc/cron.d/nemofleet-health"]
+    "/var/lib/nemofleet/release", "/usr/local/bin/nemofleet-health", "/etc/nemofleet/health.json",
+    "/etc/cron.d/nemofleet-health"]
 print(json.dumps({p: open(p).read() for p in paths}))
 """
 
@@ -145,6 +146,7 @@ def ansible_inventory(hosts) -> Path:
             "units": [{"name": os.path.basename(p), "content": c} for p, c in f.items() if p.endswith(".service")],
             "release_record": f["/var/lib/nemofleet/release"],
             "health_files": [{"path": "/usr/local/bin/nemofleet-health", "content": f["/usr/local/bin/nemofleet-health"], "mode": "0755"},
+                             {"path": "/etc/nemofleet/health.json", "content": f["/etc/nemofleet/health.json"], "mode": "0644"},
                              {"path": "/etc/cron.d/nemofleet-health", "content": f["/etc/cron.d/nemofleet-health"], "mode": "0644"}],
         }
     inv = {"all": {"vars": common, "hosts": per_host}}

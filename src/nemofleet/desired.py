@@ -460,7 +460,8 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
                                     f"model {p.served_name}")
     if front_door_wanted(s, p):
         _front_door(d, s, p, facts, secrets)
-    d.health_files = {paths.HEALTH_SCRIPT: (render.health_script(p, s, d.front_door), "0755"),
+    d.health_files = {paths.HEALTH_SCRIPT: (render.health_program(), "0755"),
+                      paths.HEALTH_CONFIG: (render.health_config(p, s, d.front_door), "0644"),
                       paths.HEALTH_CRON: (render.health_cron(s), "0644")}
     d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.get("health")), d.front_door)
 

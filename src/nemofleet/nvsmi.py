@@ -55,7 +55,7 @@ NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
 XID_TAIL = 200  # Xid lines kept: a flapping GPU cannot grow the fact without bound
 RESETS_FILE = "/var/lib/nemofleet/gpu-resets"  # "PCI_BUS_ID UNIX_TIME" per reset nemofleet recorded
-# "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (templates/nemofleet-health.sh.j2)
+# "UUID SINCE INDEX REASON": a GPU the health script found sick and drained (remote/health.py)
 SICK_GLOB = "/var/lib/nemofleet/health/gpu-*.sick"
 LOG_TIMEOUT = 10
 SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out; the health query is not tried

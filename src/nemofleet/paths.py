@@ -11,6 +11,7 @@ VLLM_ENV = f"{ETC}/vllm.env"  # VLLM_API_KEY for the containers (0600)
 API_AUTH = f"{ETC}/api-auth.header"  # curl -H @file for health checks (0600)
 HF_ENV = f"{ETC}/hf.env"  # HF_TOKEN for downloads (0600)
 HEALTH_CONF = f"{ETC}/health.conf"  # webhook URL and other health knobs (0600)
+HEALTH_CONFIG = f"{ETC}/health.json"  # what the health program checks on this host (render.health_config)
 SEED_KEY = f"{ETC}/seed_ed25519"
 SEED_KNOWN_HOSTS = f"{ETC}/seed_known_hosts"
 ROOT_AUTHORIZED_KEYS = "/root/.ssh/authorized_keys"  # where the restricted fleet seed key is authorised

@@ -1,9 +1,9 @@
-"""Render the plan into file contents (systemd units, health script, cron, env files).
+"""Render the plan into file contents (systemd units, the health program's config, cron, env files).
 
 Pure functions of (plan, settings): no host access, so they are unit-tested with golden
 strings and `systemd-analyze verify`. Every value is quoted for where it goes: `systemd_word`
-for ExecStart lines, `shlex.quote` for the health script, patterns in settings.py for cron and
-Environment= lines.
+for ExecStart lines, `shell.quote` for the drain script, JSON for the health program's config,
+patterns in settings.py for cron and Environment= lines.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shlex
 from importlib import resources
 
 import jinja2
 
-from . import paths
+from . import paths, remote, shell
 from .nvsmi import HEALTH_FIELDS, RESETS_FILE
 from .gpuhealth import DRAIN_XIDS
 from .plan import CONTAINER_PORT, Instance, Plan
@@ -42,7 +41,7 @@ _env = jinja2.Environment(
     loader=_PackageLoader(), undefined=jinja2.StrictUndefined,
     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
 )
-_env.filters["sh"] = lambda v: shlex.quote(str(v))
+_env.filters["sh"] = shell.quote  # the drain script's values (templates/nemofleet-drain.sh.j2)
 # free text in unit files: no line breaks, and % would be read as a systemd specifier
 _env.filters["sysd"] = lambda v: re.sub(r"[\x00-\x1f]", " ", str(v)).replace("%", "%%")
 # HAProxy: a word of a statement (haproxy_word), and free text in a comment line (no line break)
@@ -182,16 +181,36 @@ def probe_address(plan: Plan) -> str:
     return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else _bracketed(plan.bind_address)
 
 
-def health_script(plan: Plan, s, front_door: bool = False) -> str:
-    return _env.get_template("nemofleet-health.sh.j2").render(
-        drain=paths.DRAIN_SCRIPT if front_door else "",
-        host=plan.host, instances=plan.instances, served_name=plan.served_name, address=probe_address(plan),
-        group=next((i.group for i in plan.instances if i.group), None),
-        check_infer=1 if s.health_check_infer else 0, fail_restart=s.health_fail_restart,
-        restart_grace=s.health_restart_grace, restarts_per_hour=s.health_restarts_per_hour,
-        prom_dir=s.prom_dir, gpu_fields=",".join(HEALTH_FIELDS),
-        drain_xids=",".join(str(c) for c in sorted(DRAIN_XIDS)), resets_file=RESETS_FILE,
-    )
+def health_program() -> str:
+    """/usr/local/bin/nemofleet-health: the program remote/health.py, the same on every host (what it
+    checks is in its config, health_config)."""
+    return remote.source("health")
+
+
+def health_config(plan: Plan, s, front_door: bool = False) -> str:
+    """/etc/nemofleet/health.json: what the health program checks on this host, as JSON (no value of
+    it is ever run as code; the webhook URL is not in it but in health.conf, 0600)."""
+    group = next((i.group for i in plan.instances if i.group), None)
+    config = {
+        "host": plan.host, "address": probe_address(plan), "prom_dir": s.prom_dir,
+        "state_dir": paths.HEALTH_STATE, "conf": paths.HEALTH_CONF, "auth_header": paths.API_AUTH,
+        # the front door's drain script ("" without a front door)
+        "drain": paths.DRAIN_SCRIPT if front_door else "",
+        "check_infer": 1 if s.health_check_infer else 0, "fail_restart": s.health_fail_restart,
+        "restart_grace": s.health_restart_grace, "restarts_per_hour": s.health_restarts_per_hour,
+        # nvidia-smi query fields (fewer once the driver refused one: <state_dir>/gpu-fields), the Xid
+        # codes that mean the GPU must stop serving, and the GPU resets recorded (docs/gpu-health.md)
+        "gpu_fields": list(HEALTH_FIELDS), "drain_xids": sorted(DRAIN_XIDS), "resets_file": RESETS_FILE,
+        # a headless worker of a serving group has port 0: no API, checked by its unit and the head's port
+        "instances": [{"name": i.name, "port": 0 if i.group and not i.group.head else int(i.host_port),
+                       "model": plan.served_name, "unit": i.unit} for i in plan.instances],
+        "gpus": [{"instance": i.name, "uuid": g.uuid} for i in plan.instances for g in i.gpus],
+        # this host's part of a multi-node serving group: the head's /health passes only while every
+        # member is joined
+        "group": {"name": group.name, "role": group.role, "rank": group.rank, "head": group.head_address,
+                  "port": int(group.port)} if group else None,
+    }
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
 FRONT_DOOR_DROPIN_TEXT = (
@@ -244,10 +263,11 @@ def drain_script(plan: Plan, s) -> str:
 
 
 def health_conf(s) -> str:
-    """/etc/nemofleet/health.conf (0600): what the health script must not carry in a 0755 file."""
+    """/etc/nemofleet/health.conf (0600): what the health program must not read from a 0644 file.
+    KEY=value lines, read as text (never sourced): the URL is checked in settings.py to be one line."""
     text = "# Managed by nemofleet: read by /usr/local/bin/nemofleet-health (root only).\n"
     if s.health_webhook_url:
-        text += f"DEFAULT_WEBHOOK_URL={shlex.quote(s.health_webhook_url.reveal())}\n"  # a 0600 file
+        text += f"DEFAULT_WEBHOOK_URL={s.health_webhook_url.reveal()}\n"  # a 0600 file
     return text
 
 
@@ -280,4 +300,4 @@ def first_health_check() -> str:
     """One run of the health script by the deploy, under the cron's lock (waiting up to 60 s for a
     run in progress), bounded to 300 s; its verdict is the health cron's business, never the deploy's
     (an unhealthy instance is reported by the script and by `nemofleet status`)."""
-    return shlex.join(["timeout", "300", "flock", "-w", "60", paths.HEALTH_LOCK, paths.HEALTH_SCRIPT]) + " || true"
+    return shell.join(["timeout", "300", "flock", "-w", "60", paths.HEALTH_LOCK, paths.HEALTH_SCRIPT]) + " || true"

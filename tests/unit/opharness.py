@@ -11,7 +11,7 @@ as `k=v` pairs sorted by name and joined with ", " (str values as they are, othe
 
 A fact the operation asks for that the fixture lacks raises KeyError naming the exact key, so a
 test never silently answers None. Commands read back as: a StringCommand's raw shell text (`sh -c SCRIPT` as ["sh -c", SCRIPT],
-unquoted, with the weights check programs shown as <CHECK_SCRIPT>/<PRECHECK>); a
+unquoted, with the weights check programs shown as <CHECK_SCRIPT>/<HUB>); a
 FileUploadCommand as ["upload", dest, content]; a FunctionCommand as ["function", name, args,
 kwargs]. In fixture kwargs and facts, ["set:", a, b] is the set {a, b} (as in pyinfra's tests),
 ["tuple:", a, b] a tuple and "bytes:TEXT" bytes.
@@ -94,10 +94,10 @@ class FakeHost:
 
 def abbreviations() -> dict[str, str]:
     """Long embedded programs shown by name, so a fixture reads as what the op decided."""
-    from nemofleet.facts.weights import CHECK_SCRIPT
-    from nemofleet.operations.weights import PRECHECK
+    from nemofleet import remote, shell
 
-    return {shlex.quote(CHECK_SCRIPT): "<CHECK_SCRIPT>", shlex.quote(PRECHECK): "<PRECHECK>"}
+    # the programs of nemofleet/remote that the operations send (weights check; Hub precheck)
+    return {shell.quote(remote.source("weights_check")): "<CHECK_SCRIPT>", shell.quote(remote.source("hub")): "<HUB>"}
 
 
 def shell_text(raw: str) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import desired, inputs, paths
+from nemofleet import desired, inputs, paths, render
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_desired"
@@ -74,6 +74,8 @@ def dump(d: desired.Desired) -> str:
                   "front_door_secrets"):
         for path, (content, mode) in sorted(getattr(d, group).items()):
             shown = "(secret)" if group in ("secret_files", "front_door_secrets") else content
+            if content == render.health_program():  # the same program on every host (test_gpu_watch runs it)
+                shown = "<remote/health.py>\n"
             out.append(f"--- {group} {path} {mode}\n{shown}")
     return "\n".join(out) + "\n"
 

@@ -1,7 +1,7 @@
 """Every value nemofleet writes is checked by the program that reads it.
 
 A hostile string is either refused by the settings schema, or it reaches its destination intact
-and inert: bash parses and runs the health script (with stub tools) without executing it,
+and inert: the health program reads its JSON config and runs (with stub tools) without executing it,
 systemd (`systemd-analyze verify`) accepts the units and the Docker drop-in, cron gets exactly
 one line, daemon.json stays JSON. The quoting is also tested on its own, with values the schema
 would refuse, so it does not depend on the schema alone."""
@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -73,8 +74,9 @@ def cron_lines(text: str) -> list[list[str]]:
 
 
 def check_destinations(d: desired.Desired, tmp: Path) -> None:
-    script = d.health_files[paths.HEALTH_SCRIPT][0]
-    bash_parses(script)
+    # the health program is the same file on every host; the values are in its JSON config
+    assert d.health_files[paths.HEALTH_SCRIPT][0] == render.health_program()
+    json.loads(d.health_files[paths.HEALTH_CONFIG][0])
     for cmd in (d.cdi_command, d.keep_previous_command, d.ready_command):
         if cmd:
             bash_parses(cmd)
@@ -149,8 +151,8 @@ def _plan_and_settings():
     return d.plan, d.settings
 
 
-def run_health(script: str, tmp: Path) -> tuple[str, str]:
-    """Run the rendered health script against stub curl/systemctl (they log their argv as JSON)."""
+def run_health(config: str, tmp: Path) -> tuple[str, str]:
+    """Run the health program with a rendered config against stub curl/systemctl (they log their argv as JSON)."""
     stubs = tmp / "bin"
     stubs.mkdir(exist_ok=True)
     log = tmp / "argv.log"
@@ -159,27 +161,30 @@ def run_health(script: str, tmp: Path) -> tuple[str, str]:
                                   f"open({str(log)!r}, 'a').write(json.dumps(sys.argv) + '\\n')\n"
                                   "print('200' if '-w' in sys.argv else '{\"data\": []}')\n")
         (stubs / tool).chmod(0o755)
-    text = (script.replace("/var/lib/nemofleet/health", str(tmp / "state"))
+    text = (config.replace("/var/lib/nemofleet/health", str(tmp / "state"))
             .replace("/etc/nemofleet/", str(tmp / "etc") + "/"))
-    r = subprocess.run(["bash", "-c", text, "health"], capture_output=True, text=True, timeout=60,
+    (tmp / "health.json").write_text(text)
+    (tmp / "health.py").write_text(render.health_program())
+    r = subprocess.run([sys.executable, "-I", "-S", str(tmp / "health.py"), str(tmp / "health.json")],
+                       capture_output=True, text=True, timeout=60,
                        env={"PATH": f"{stubs}:/usr/bin:/bin", "PROM_DIR": str(tmp / "prom"), "CHECK_INFER": "1",
                             "CHECK_MODELS": "0",
                             "HOME": str(tmp)})
     return r.stdout + r.stderr, log.read_text() if log.exists() else ""
 
 
-@pytest.mark.parametrize("raw", [h for h in HOSTILE if h and "\n" not in h])
-def test_health_script_quotes_a_hostile_served_name(raw, tmp_path):
+@pytest.mark.parametrize("raw", [h for h in HOSTILE if h])  # JSON carries a newline too
+def test_health_program_carries_a_hostile_served_name_as_data(raw, tmp_path):
     pwned = tmp_path / "pwned"
     value = raw.format(pwned=pwned)
     plan, s = _plan_and_settings()
     plan = dataclasses.replace(plan, served_name=value)
-    script = render.health_script(plan, s)
-    bash_parses(script)
-    out, argv = run_health(script, tmp_path)
-    assert not pwned.exists(), out
+    config = render.health_config(plan, s)
+    assert json.loads(config)["instances"][0]["model"] == value
+    out, argv = run_health(config, tmp_path)
+    assert not pwned.exists() and "Traceback" not in out, out
     bodies = [a for line in argv.splitlines() for a in json.loads(line) if a.startswith('{"model":')]
-    assert any(f'"model":"{value}"' in b for b in bodies), (value, bodies, out)
+    assert any(json.loads(b)["model"] == value for b in bodies), (value, bodies, out)
 
 
 @pytest.mark.parametrize("raw", HOSTILE)

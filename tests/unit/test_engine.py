@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import socket
 import subprocess
 import threading
@@ -115,7 +116,7 @@ def test_one_read_for_all_requests_and_names_quoted_in_the_request_line(dockerd,
     eng = dockerd()
     names = ("dify_default", "a b", "x\r\nHost: evil", "$(touch /tmp/pwned)", "../../info")
     cmd = Networks().command(names=names)
-    assert cmd.count("python3 -I -S") == 1
+    assert cmd.count("python3 -I -S -c") == 1
     got = Networks().process(run(cmd, tmp_path))
     assert got == {"dify_default": True, "a b": False, "x\r\nHost: evil": False, "$(touch /tmp/pwned)": False,
                    "../../info": False}
@@ -226,7 +227,7 @@ def test_a_combined_command_reads_the_engine_once(dockerd, tmp_path):
     from nemofleet.facts.prefetch import Batch, ENGINE
 
     cmd = HostFacts().command(models_root="/srv/m", image=IMAGE)
-    assert cmd.count(json.dumps(engine.SCRIPT)[1:20]) <= 1 and cmd.count("python3 -I -S -c '\nimport _socket") == 1
+    assert cmd.count("import _socket") == 1 and cmd.count("python3 -I -S -c") == 2  # the read, ModelsOnDisk
     parts = (("nemofleet.facts.docker.Networks", json.dumps({"names": ["dify_default", "x"]})),
              ("nemofleet.facts.host.CgroupVersion", "{}"),
              ("nemofleet.facts.docker.ContainerNetworks", json.dumps({"names": ["nemotron-0"]})))
@@ -239,3 +240,24 @@ def test_a_combined_command_reads_the_engine_once(dockerd, tmp_path):
     assert Networks().process(engine.lines_for(Networks(), sections[0], read)) == {"dify_default": True, "x": False}
     assert ContainerNetworks().process(engine.lines_for(ContainerNetworks(), sections[2], read))["nemotron-0"]["running"]
     assert engine.lines_for(object(), sections[1], read) == sections[1]
+
+
+def test_the_read_program_refuses_a_path_that_is_not_one_word(tmp_path):
+    """remote/engine_read.py run as the hosts run it: a path with a space, CR or LF (which the
+    controller never sends: `named` %-quotes) is refused there too; no socket means "down"."""
+    from pathlib import Path
+    from nemofleet import remote
+
+    prog = Path(remote.__file__).parent / "engine_read.py"
+    env = {"PATH": os.environ["PATH"], "DOCKER_HOST": f"unix://{tmp_path}/absent.sock"}
+    r = subprocess.run([sys.executable, "-I", "-S", str(prog), "5", "a", "/info x", "b", "/x\r\nHost: y",
+                        "c", "info", "d", "/info"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and r.stderr == ""
+    assert r.stdout.splitlines() == ["@@engine down a the API path is not one word",
+                                     "@@engine down b the API path is not one word",
+                                     "@@engine down c the API path is not one word",
+                                     "@@engine down d No such file or directory"]
+    env["DOCKER_HOST"] = "tcp://10.0.0.1:2375"
+    r = subprocess.run([sys.executable, "-I", "-S", str(prog), "5", "a", "/info"], capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert r.stdout == "@@engine down a DOCKER_HOST=tcp://10.0.0.1:2375 is not a unix socket\n"

@@ -1,8 +1,9 @@
-"""The health script's GPU watch, run for real with bash against stub tools: one nvidia-smi call
+"""The health program's GPU watch (remote/health.py), run for real against stub tools: one nvidia-smi call
 per run, a GPU that turns sick drains its instance once (front door out, webhook once, no
 restart), the metrics per GPU, and the return after GPU_RETURN_AFTER healthy checks."""
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 from nemofleet import render, settings
@@ -62,12 +63,13 @@ esac
 def setup(tmp_path):
     s = settings.parse({})
     plan = make_plan("h100-1", GPUS, {})
-    text = render.health_script(plan, s, front_door=True)
+    text = render.health_config(plan, s, front_door=True)
     for real, fake in (("/usr/local/bin/nemofleet-drain", "drain"), ("/var/lib/nemofleet/health", "state"),
                        ("/var/lib/nemofleet/gpu-resets", "resets"), ("/etc/nemofleet/health.conf", "health.conf"),
                        ("/etc/nemofleet/api-auth.header", "none")):
         text = text.replace(real, str(tmp_path / fake))
-    (tmp_path / "health.sh").write_text(text)
+    (tmp_path / "health.json").write_text(text)
+    (tmp_path / "health.py").write_text(render.health_program())
     (tmp_path / "bin").mkdir()
     for name, body in STUBS.items():
         where = tmp_path / ("drain" if name == "drain" else f"bin/{name}")
@@ -89,7 +91,9 @@ def run(tmp_path, plan, **env):
     e = {"PATH": f"{tmp_path}/bin:/usr/bin:/bin", "T": str(tmp_path), "PROM_DIR": str(tmp_path / "prom"),
          "MODEL": plan.served_name, "WEBHOOK_URL": "http://hook.example/x", "FAIL_RESTART": "1",
          "RESTART_GRACE": "0", **env}
-    r = subprocess.run(["bash", str(tmp_path / "health.sh")], capture_output=True, text=True, env=e, timeout=60)
+    r = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "health.py"), str(tmp_path / "health.json")],
+                       capture_output=True, text=True, env=e, timeout=60)
+    assert "Traceback" not in r.stderr, r.stderr
     prom = (tmp_path / "prom" / "nemofleet.prom").read_text()
     return r, prom
 

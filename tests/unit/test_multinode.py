@@ -238,8 +238,9 @@ def test_worker_unit_waits_for_the_head_and_runs_on_the_host_network():
     assert "rank 1 (worker) of serving group svl" in wu
     assert worker.ready_command is None and "wait_ready nemotron-svl http://127.0.0.1:8000/health 1200;" in head.ready_command
     assert not worker.front_door and not head.front_door  # no frontends: no front door
-    wh = worker.health_files["/usr/local/bin/nemofleet-health"][0]
-    assert "  nemotron-svl 0 " in wh and "GROUP=svl GROUP_ROLE=worker GROUP_RANK=1 GROUP_HEAD=10.0.0.1" in wh
+    wh = json.loads(worker.health_files["/etc/nemofleet/health.json"][0])
+    assert wh["instances"][0]["name"] == "nemotron-svl" and wh["instances"][0]["port"] == 0
+    assert wh["group"] == {"name": "svl", "role": "worker", "rank": 1, "head": "10.0.0.1", "port": 29501}
 
 
 def test_group_head_with_frontends_gets_the_front_door():
@@ -262,9 +263,9 @@ def test_group_units_and_health_script_pass_the_real_consumers(tmp_path):
         d = desired.build(h, group(), ps[h], SECRETS, peers=ps)
         (tmp_path / h).mkdir()
         verify_units({p: c for p, (c, _) in d.units.items()}, tmp_path / h)
-        script = tmp_path / f"{h}.sh"
-        script.write_text(d.health_files["/usr/local/bin/nemofleet-health"][0])
-        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+        # the health program and its config (JSON) as the host reads them
+        compile(d.health_files["/usr/local/bin/nemofleet-health"][0], "nemofleet-health", "exec")
+        assert json.loads(d.health_files["/etc/nemofleet/health.json"][0])["group"]["rank"] == (h == "a100-2")
 
 
 @pytest.mark.parametrize("host", ["a100-1", "a100-2"])

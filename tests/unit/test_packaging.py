@@ -20,7 +20,9 @@ assert "site-packages" in nemofleet.__file__, nemofleet.__file__
 p = make_plan("h", [Gpu(0, "GPU-0", "NVIDIA H200", 143771, "9.0")], {})
 unit = render.unit(p, p.instances[0], [], 29)
 assert "ExecStart=/usr/bin/docker run" in unit and settings.DEFAULT_IMAGE in unit
-assert "INSTANCES=(" in render.health_script(p, settings.defaults())
+assert '"instances"' in render.health_config(p, settings.defaults()) and "def run_once" in render.health_program()
+from nemofleet import remote  # the host programs travel in the wheel too
+assert all("__main__" in remote.source(n) for n in ("weights_check", "models_on_disk", "hub", "engine_read", "health"))
 print("rendered", len(unit))
 """
 

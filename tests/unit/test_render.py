@@ -65,13 +65,14 @@ def test_cron_file_rules():
 
 
 def test_checks_reach_the_port_where_it_is_published():
-    from nemofleet.render import health_script
+    import json
+    from nemofleet.render import health_config
 
-    local = health_script(make_plan("h", GPUS[:1], {}), defaults())
-    assert "ADDRESS=127.0.0.1 " in local and "http://$ADDRESS:$2" in local
+    local = json.loads(health_config(make_plan("h", GPUS[:1], {}), defaults()))
+    assert local["address"] == "127.0.0.1" and local["instances"][0]["port"] == 8000
     private = make_plan("h", GPUS[:1], {"bind_address": "10.1.2.3"})
-    assert "ADDRESS=10.1.2.3 " in health_script(private, defaults())
+    assert json.loads(health_config(private, defaults()))["address"] == "10.1.2.3"
     assert "-p 10.1.2.3:8000:8000" in unit(private, private.instances[0], [], 29)
     v6 = make_plan("h", GPUS[:1], {"bind_address": "fd00::12"})
-    assert "ADDRESS='[fd00::12]' " in health_script(v6, defaults())
+    assert json.loads(health_config(v6, defaults()))["address"] == "[fd00::12]"
     assert "-p '[fd00::12]:8000:8000'" in unit(v6, v6.instances[0], [], 29)

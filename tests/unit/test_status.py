@@ -17,11 +17,11 @@ import pytest
 from nemofleet import vllm_flags
 from nemofleet.fleet.status import load_text, unit_lines
 from nemofleet.plan import Gpu, make_plan
-from nemofleet.render import health_script
+from nemofleet.render import health_config, health_program
 from nemofleet.settings import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "templates" / "nemofleet-health.sh.j2"
+TEMPLATE = ROOT / "src" / "nemofleet" / "remote" / "health.py"  # the health program
 DASHBOARD = ROOT / "docs" / "grafana" / "nemofleet.json"
 MONITORING = ROOT / "docs" / "monitoring.md"
 GPUS = [Gpu(i, f"GPU-{i}", "NVIDIA H100 80GB HBM3", 81559, "9.0") for i in range(2)]
@@ -105,11 +105,12 @@ vllm:request_success_total{engine="0",finished_reason="stop",model_name="a b"} 7
 
 @pytest.fixture
 def health(tmp_path):
-    """Run the rendered health script of a two-instance host against a fake curl."""
+    """Run the health program with the rendered config of a two-instance host against a fake curl."""
     plan = make_plan("h", GPUS, {})
-    script = health_script(plan, defaults()).replace("/var/lib/nemofleet/health", str(tmp_path / "state"))
-    script = script.replace("/etc/nemofleet/", str(tmp_path / "etc") + "/")
-    (tmp_path / "health.sh").write_text(script)
+    config = health_config(plan, defaults()).replace("/var/lib/nemofleet/health", str(tmp_path / "state"))
+    config = config.replace("/etc/nemofleet/", str(tmp_path / "etc") + "/")
+    (tmp_path / "health.json").write_text(config)
+    (tmp_path / "health.py").write_text(health_program())
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "curl").write_text(FAKE_CURL)
     (tmp_path / "bin" / "curl").chmod(0o755)
@@ -117,9 +118,9 @@ def health(tmp_path):
     def run() -> list[str]:
         env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "FAKE": str(tmp_path), "SERVED": plan.served_name,
                "PROM_DIR": str(tmp_path / "prom")}
-        p = subprocess.run(["bash", str(tmp_path / "health.sh")], capture_output=True, text=True, env=env,
-                           timeout=30)
-        assert "unbound variable" not in p.stderr, p.stderr
+        p = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "health.py"), str(tmp_path / "health.json")],
+                           capture_output=True, text=True, env=env, timeout=30)
+        assert "Traceback" not in p.stderr, p.stderr
         return (tmp_path / "prom" / "nemofleet.prom").read_text().splitlines()
 
     run.dir = tmp_path

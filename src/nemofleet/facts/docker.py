@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from pyinfra.api import FactBase
 
+from .. import shell
 from . import engine
 from .engine import EngineFact
 from .gpu import Unreadable
@@ -64,7 +64,7 @@ class DaemonJson(FactBase):
     """/etc/docker/daemon.json: {"exists", "text", "data", "error"}; `data` is None when malformed."""
 
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
-        q = shlex.quote(path)
+        q = shell.quote(path)
         # `; echo`: a file without a final newline (json.dump, echo -n) must not run into the
         # next part of HostFacts' one combined command
         return f"if [ -f {q} ]; then cat {q}; echo; else echo '{ABSENT}'; fi"

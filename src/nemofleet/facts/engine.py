@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from urllib.parse import quote as url_quote, unquote as url_unquote
 
-from .. import shell
+from .. import remote, shell
 from .gpu import TIMED_OUT, StrictFact, Unreadable
 
 MARK = "@@engine "
@@ -35,55 +35,8 @@ PROCESS_TIMEOUT = ENGINE_TIMEOUT + 5
 NO_PYTHON = ("python3 is not installed on the host: nemofleet reads the Docker engine and checks the "
              "weights with it (apt-get install python3-minimal)")
 
-# argv: the deadline in seconds, then a (key, API path) pair per request. One line per request:
-# `@@engine STATUS KEY BODY`, BODY being dockerd's JSON as it sent it (its newlines made spaces,
-# which JSON allows between tokens; a newline inside a string is sent escaped). STATUS is the
-# HTTP status, "down" (nothing answers at the socket) or "timeout"; BODY is then the reason.
-# The host does no JSON: the controller parses it. `_socket`, not `socket`, and no `json`: their
-# imports (enum, re) were two thirds of the read's CPU on a test host (README.md, Speed).
-# HTTP/1.0, one connection per request: dockerd closes it after the answer (no chunked body).
-SCRIPT = r"""
-import _socket, os, sys, time
-
-end = time.monotonic() + float(sys.argv[1])
-where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-args = sys.argv[2:]
-out = []
-for i in range(0, len(args) - 1, 2):
-    key, path = args[i], args[i + 1]
-    left = end - time.monotonic()
-    if not where.startswith("unix://"):
-        out.append("@@engine down %s DOCKER_HOST=%s is not a unix socket" % (key, where))
-        continue
-    if left <= 0:
-        out.append("@@engine timeout %s" % key)
-        continue
-    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    s.settimeout(left)
-    chunks = []
-    try:
-        s.connect(where[7:])
-        s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\n\r\n" % path).encode())
-        while True:
-            data = s.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
-    except _socket.timeout:
-        out.append("@@engine timeout %s" % key)
-        continue
-    except OSError as exc:
-        out.append("@@engine down %s %s" % (key, exc.strerror or exc))
-        continue
-    finally:
-        s.close()
-    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
-    words = head.split(None, 2)
-    status = words[1].decode("ascii", "replace") if len(words) > 1 and words[1].isdigit() else "garbled"
-    body = body.replace(b"\r", b" ").replace(b"\n", b" ").decode("utf-8", "replace")
-    out.append("@@engine %s %s %s" % (status, key, body))
-sys.stdout.write("".join(line + "\n" for line in out))
-"""
+# The read itself is the program remote/engine_read.py (its argv: the deadline in seconds, then a
+# (key, API path) pair per request; one `@@engine STATUS KEY BODY` line per request).
 
 
 def request(key: str, path: str) -> tuple[str, str]:
@@ -119,7 +72,7 @@ def keyed(found: dict, kind: str) -> list[tuple[str, str]]:
 def read_command(requests) -> str:
     """The shell command that reads `requests` and prints a line per request (or, when python3 is
     missing or the read itself was stopped, one `@@engine error WHY` line)."""
-    seen, argv = set(), ["timeout", PROCESS_TIMEOUT, "python3", "-I", "-S", "-c", SCRIPT, ENGINE_TIMEOUT]
+    seen, argv = set(), ["timeout", PROCESS_TIMEOUT, *remote.argv("engine_read", ENGINE_TIMEOUT)]
     for key, path in requests:
         if key not in seen:
             seen.add(key)

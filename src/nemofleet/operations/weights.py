@@ -5,12 +5,11 @@ verify offline, resume by re-fetching only what is missing or truncated, never r
 from __future__ import annotations
 
 import re
-import shlex
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from .. import paths, shell
+from .. import paths, remote, shell
 from . import cmd
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
@@ -20,44 +19,14 @@ DOWNLOAD_PREFIX = "nemofleet-weights-"
 SEED_KEY = paths.SEED_KEY
 SEED_KNOWN_HOSTS = paths.SEED_KNOWN_HOSTS
 
-# Runs on the host before any byte is fetched: is the mirror up, does repo@revision exist,
-# is there disk for what is still missing? One sentence and exit 1 otherwise. The token is
-# read from its 0600 file, never passed on a command line.
-PRECHECK = r'''
-import json, os, shutil, sys, urllib.error, urllib.request
-d, repo, rev, endpoint, token_file, present = sys.argv[1:7]
-headers = {"User-Agent": "nemofleet"}
-if token_file and os.path.exists(token_file):
-    for line in open(token_file):
-        if line.startswith("HF_TOKEN="):
-            headers["Authorization"] = "Bearer " + line.split("=", 1)[1].strip()
-def get(path):
-    req = urllib.request.Request(endpoint + path, headers=headers)
-    return urllib.request.urlopen(req, timeout=20)
-def die(msg):
-    sys.stderr.write(msg + "\n"); sys.exit(1)
-try:
-    info = json.load(get("/api/models/%s/revision/%s" % (repo, rev)))
-    sha = info["sha"]
-    tree = json.load(get("/api/models/%s/tree/%s?recursive=true&expand=false" % (repo, sha)))
-except urllib.error.HTTPError as e:
-    code = e.headers.get("X-Error-Code", "")
-    if e.code in (401, 403):
-        die("%s on %s needs a Hugging Face token (HTTP %d %s): set hf_token for this host" % (repo, endpoint, e.code, code))
-    die("%s at revision %s is not on %s (HTTP %d %s); check the model repo and revision" % (repo, rev, endpoint, e.code, code))
-except (urllib.error.URLError, OSError, ValueError, KeyError) as e:
-    die("Hugging Face mirror %s is unreachable (%s); the weights in %s were left as they are" % (
-        endpoint, getattr(e, "reason", e), d))
-total = sum(int(f.get("size") or 0) for f in tree if f.get("type") == "file")
-need = int(max(0, total - int(present)) * 1.1)
-p = d
-while not os.path.exists(p):
-    p = os.path.dirname(p)
-free = shutil.disk_usage(p).free
-if free < need:
-    die("not enough disk for %s in %s: %.1f GB free, %.1f GB needed (model + 10%%)" % (repo, d, free / 1e9, need / 1e9))
-print(json.dumps({"sha": sha, "total": total, "need": need, "free": free}))
-'''
+# Runs on the host before any byte is fetched (remote/hub.py `precheck`): is the mirror up, does
+# repo@revision exist, is there disk for what is still missing? One sentence and exit 1 otherwise.
+# The token is read from its 0600 file, never passed on a command line, and never follows a
+# redirect to another host.
+def precheck_command(directory: str, repo: str, revision: str, endpoint: str | None, token_file: str | None,
+                     present_bytes: int) -> str:
+    return shell.join(remote.argv("hub", "precheck", directory, repo, revision, endpoint or "https://huggingface.co",
+                                  token_file or "", int(present_bytes)))
 
 
 # A download has no total bound (232 GB on a slow mirror is hours): it is stopped when its directory
@@ -85,15 +54,15 @@ def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
     Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
     one copy is complete and of this commit; each resumes what the one before left (--partial)."""
     peers = seed if isinstance(seed, list) else [seed]
-    q = shlex.quote
+    q = shell.quote
     return [line for peer in peers for line in _seed_lines(peer, directory, revision)] + [
         # no peer had it: a file a copy left half-written (its metadata copied with it) is removed,
         # so that `hf download` fetches it rather than trusting the metadata
-        f"{{ {check_command(directory, revision, 'check')} 2>/dev/null | python3 -c {q(UNLINK_TRUNCATED)} {q(directory)}; }} || true"]
+        f"{check_command(directory, revision, 'clean')} >/dev/null 2>&1 || true"]
 
 
 def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
-    q = shlex.quote
+    q = shell.quote
     ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
            f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
     # the peer's key is restricted to `rrsync -ro <models root>`: paths are relative to that root
@@ -137,7 +106,7 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
     could not be listed at all for `start` s never began (refused, failed before, unreachable)
     and is skipped then. The heartbeat lives under .cache, which the weights check does not
     count, and is never copied."""
-    q = shlex.quote
+    q = shell.quote
     stall = int(seed["wait"])
     beat = q(f"{directory}/{WAITING}")
     peer = seed["host"]
@@ -162,33 +131,25 @@ def _wait_lines(seed: dict, ssh: str, src: str, directory: str) -> list[str]:
     ]
 
 
-# Reads the weights check's JSON on stdin: every file it found truncated is unlinked with its
-# huggingface_hub metadata, so `hf download` fetches it again instead of trusting the metadata.
-UNLINK_TRUNCATED = ("import json, os, sys; d = sys.argv[1]; st = json.loads(sys.stdin.read().splitlines()[-1]); "
-                    "[os.unlink(p) for f in st['truncated'] for p in (os.path.join(d, f), "
-                    "os.path.join(d, '.cache/huggingface/download', f + '.metadata')) if os.path.exists(p)]")
-
-
 def link_script(source: str, directory: str, revision: str) -> str:
     """Hard-link a copy of `source` to `directory` (no extra disk; huggingface_hub replaces a file
     it downloads, so the source keeps its own; its metadata, which it rewrites in place, is copied),
     without the completion marker. A linked file that
     fails the offline check (edited in place since) is unlinked again, so `hf download` fetches it."""
-    q = shlex.quote
+    q = shell.quote
     tmp = directory + ".nemofleet-link"
-    unlink_bad = UNLINK_TRUNCATED
     # huggingface_hub rewrites its metadata files in place: those are copied, never linked
     return (f"if [ ! -e {q(directory)} ]; then rm -rf {q(tmp)}; cp -al {q(source)} {q(tmp)} && "
             f"rm -rf {q(tmp + '/.cache')} && {{ [ ! -d {q(source + '/.cache')} ] || cp -a {q(source + '/.cache')} {q(tmp + '/.cache')}; }} && "
             f"find {q(tmp + '/.cache')} -name '*.lock' -delete 2>/dev/null; "
             f"rm -f {q(tmp + '/' + MARKER)} && mv {q(tmp)} {q(directory)} && "
-            f"{{ {check_command(directory, revision, 'check')} 2>/dev/null | python3 -c {q(unlink_bad)} {q(directory)}; }}; fi")
+            f"{{ {check_command(directory, revision, 'clean')} >/dev/null 2>&1; }}; fi")
 
 
 def download_script(repo, revision, directory, image, endpoint, token_file, files, cleanup, present_bytes,
                     seed: dict | None = None, link_from: str | None = None) -> str:
     unit = DOWNLOAD_PREFIX + slug(directory)
-    q = shlex.quote
+    q = shell.quote
     envs = ["-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_XET_HIGH_PERFORMANCE=1"]
     if endpoint:
         envs += ["-e", f"HF_ENDPOINT={endpoint}"]
@@ -208,8 +169,7 @@ def download_script(repo, revision, directory, image, endpoint, token_file, file
         *([link_script(link_from, directory, revision)] if link_from else []),
         f"mkdir -p {q(directory)}",
         *(seed_lines(seed, directory, revision) if seed else []),
-        f"python3 -c {q(PRECHECK)} {q(directory)} {q(repo)} {q(revision)} {q(endpoint or 'https://huggingface.co')} "
-        f"{q(token_file or '')} {present_bytes} >/dev/null",
+        precheck_command(directory, repo, revision, endpoint, token_file, present_bytes) + " >/dev/null",
         # orphaned *.incomplete files of killed downloads are never reused (huggingface_hub writes a new one per process)
         f"find {q(directory + '/.cache/huggingface/download')} -name '*.incomplete' -delete 2>/dev/null || true",
     ]
@@ -265,7 +225,7 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         files = sorted(set(status["missing"]) | set(status["truncated"]))
         cleanup = sorted(status["truncated"])
     linked = link_from[0] if link_from and not (status and status["exists"]) else None
-    yield StringCommand("sh", "-c", shlex.quote(download_script(
+    yield StringCommand("sh", "-c", shell.quote(download_script(
         repo, revision, directory, image, endpoint, token_file, files, cleanup,
         (status or {}).get("present_bytes", 0), seed=seed, link_from=linked)))
     yield check_command(directory, revision, "write")
