@@ -285,7 +285,18 @@ def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int, 
     return mem_model.estimate(
         ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s["gpu_memory_utilization"]), max_model_len=ctx.mml,
         max_num_seqs=seqs, max_num_batched_tokens=batched, kv_cache_dtype=d.get("--kv-cache-dtype"),
-        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp)
+        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp,
+        mamba_align=_mamba_align(ctx, d), spec_tokens=ctx.spec_tokens if ctx.spec else 0)
+
+
+def _mamba_align(ctx: _Ctx, d: dict) -> bool:
+    """Whether vLLM keeps two Mamba state blocks per request (--mamba-cache-mode align): set, or
+    derived from prefix caching where the pinned vLLM deprecates the flag (0.33)."""
+    mode = d.get("--mamba-cache-mode")
+    if mode is not None:
+        return mode == "align"
+    flag = ctx.v.flags.get("--mamba-cache-mode")
+    return "--enable-prefix-caching" in d and (flag is None or bool(flag.deprecated))
 
 
 def _validate(ctx: _Ctx, flags) -> None:
@@ -450,6 +461,12 @@ def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanErro
         head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
     shapes = _shapes(ctx, group)
     fixes = _fixes(ctx, group, local_meta)
+    if mem.need <= mem.available and mem.blocks_short:  # vLLM's second startup check (memory.py)
+        return PlanError(
+            f"{m.key} on {where} at TP{nofit.tp}: {mem.blocks_problem()}; with these settings nemofleet would plan "
+            f"it on {' or '.join(shapes) if shapes else 'no catalog GPU class of up to 8 GPUs'}; "
+            + (f"on this host it fits with {' or '.join(fixes)}" if fixes
+               else "no single setting change makes it fit this host"))
     return PlanError(
         f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
         f"gpu_memory_utilization {util:.2f}; with these settings nemofleet would plan it on "
