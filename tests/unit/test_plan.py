@@ -691,3 +691,28 @@ def test_every_sm12x_and_unified_memory_line_parses_in_its_version():
                         parser.parse_args(inst.args)
                         assert not {"humming", "horizontal", "flashinfer_cutlass"} & set(inst.args)
     assert planned >= 20
+
+
+def test_seed_003_h100_recipe_as_vllm_runs_it_plans():
+    """Issue 37 point 1: the day-one post's 1x H100 line as vLLM runs it (no --max-model-len: the
+    model's 1048576; vLLM's default --gpu-memory-utilization 0.92) passes vLLM's startup checks."""
+    p = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1_048_576,
+                                         "gpu_memory_utilization": 0.92})
+    (i,) = p.instances
+    m = i.memory
+    assert i.tp == 1 and i.max_num_seqs == 256 and m.fits and m.full_context_seqs == 1
+    assert m.need == m.weights + m.reserve + m.kv + m.mamba_seq * m.mamba_blocks  # one request, not 256 states
+    assert m.mamba_blocks == 2  # --mamba-cache-mode align keeps two state blocks per request
+    assert m.cache_blocks >= 256
+    assert "1 full 1048576-token sequence at once" in p.choices[0]
+    # the default plan's departure hint leads to this plan, not into a refusal
+    hint = [d for d in make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16"}).departures
+            if d.startswith("--max-model-len")]
+    assert hint and "max_model_len: 1048576 restores" in hint[0]
+    make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1_048_576})
+
+
+def test_super_vl_reserve_at_tp8_within_the_cards_15_to_25_percent():
+    for gpus in (FLEET["h200x8"], B200):
+        m = make_plan("h", gpus, VL).instances[0].memory
+        assert 0.15 <= m.reserve / m.weights <= 0.25
