@@ -217,11 +217,13 @@ def _context(s: settings.Settings, local_meta: dict | None) -> _Ctx:
     return _Ctx(s=s, model=model, v=v, mml=mml, spec=spec,
                 spec_tokens=s["num_speculative_tokens"] or model.default_spec_tokens,
                 model_path=f"/models/{catalog.local_dir_name(model.repo)}", draft_paths=draft_paths,
-                extra=tuple(_extra(s["vllm_extra_args"], "vllm_extra_args")))
+                extra=tuple(_extra(s["vllm_extra_args"], "vllm_extra_args", v)))
 
 
-def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
-    """Operator flags {flag: value|true}; a flag the plan owns is refused with its setting."""
+def _extra(raw: dict, where: str, v: vllm_flags.VllmVersion | None = None) -> list[tuple[str, object]]:
+    """Operator flags {flag: value|true}; a flag the plan owns is refused with its setting, one that
+    carries a secret, loads code or listens is refused by class, and the rest is checked against the
+    pinned vLLM's own parser (its generated table, vllm_flags.check_extra)."""
     out = []
     for k, val in raw.items():
         name = vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
@@ -229,6 +231,13 @@ def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
         if instead:
             raise PlanError(f"{where} sets {name}, which the plan decides (it must match the published port, "
                             f"the health check and the memory budget); set {instead} instead")
+        why = vllm_flags.refused_class(name)
+        if why:
+            raise PlanError(f"{where} sets {why}")
+        if v is not None:
+            err = vllm_flags.check_extra(v, name, None if val is True else val)
+            if err:
+                raise PlanError(f"{where}: {err}")
         out.append((name, None if val is True else val))
     return out
 
@@ -300,7 +309,14 @@ def _mamba_align(ctx: _Ctx, d: dict) -> bool:
 
 
 def _validate(ctx: _Ctx, flags) -> None:
+    # the operator's extras were checked against the real parser's table (_extra); the plan's own
+    # flags against the table of what it emits
+    extras = {n for n, _ in ctx.extra} | {n for extra in ctx.s["instance_extra_args"].values()
+                                          for n in (vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
+                                                    for k in extra)}
     for name, value in flags:
+        if name in extras:
+            continue
         err = vllm_flags.check_arg(ctx.v, name, value)
         if err:
             raise PlanError(err)
@@ -786,7 +802,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout], identity: dict | None = None) 
             name, port = slots[len(out)]
             if not _NAME.match(name):
                 raise PlanError(f"instance name {name!r} is not a valid container name")
-            more = _extra(per_instance[name], f"instance_extra_args.{name}") if name in per_instance else []
+            more = _extra(per_instance[name], f"instance_extra_args.{name}", ctx.v) if name in per_instance else []
             flags = _flags(ctx, lay.arch, lay.tp, lay.seqs, lay.batched, more)
             _validate(ctx, flags)
             mem = _memory(ctx, flags, lay.tp, lay.gpus[0].memory_mib * MIB, lay.seqs, lay.batched)

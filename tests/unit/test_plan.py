@@ -716,3 +716,50 @@ def test_super_vl_reserve_at_tp8_within_the_cards_15_to_25_percent():
     for gpus in (FLEET["h200x8"], B200):
         m = make_plan("h", gpus, VL).instances[0].memory
         assert 0.15 <= m.reserve / m.weights <= 0.25
+
+
+# ---------------------------------------------------------------------------- the real parsers' tables (issue 37 point 2)
+
+def test_extra_args_accept_what_the_pinned_vllms_own_parser_accepts():
+    for image, extra in (("vllm/vllm-openai:v0.27.1", {"--enable-chunked-prefill": True}),
+                         ("vllm/vllm-openai:v0.32.0", {"--kv-cache-memory-bytes": 8 * 2**30}),
+                         ("vllm/vllm-openai:v0.32.0", {"--no-enable-prefix-caching": True}),
+                         ("vllm/vllm-openai:v0.32.0", {"--max-model-len": "128k"}),
+                         ("vllm/vllm-openai:v0.32.0", {"--hf-overrides": '{"rope_scaling": null}'})):
+        p = make_plan("h", FLEET["h100x1"], {"vllm_image": image, "vllm_extra_args": extra}
+                      if "--max-model-len" not in extra else {"vllm_image": image})
+        assert p.instances
+    assert "--enable-chunked-prefill" in make_plan("h", FLEET["h100x1"], {
+        "vllm_extra_args": {"--enable-chunked-prefill": True}}).instances[0].args
+
+
+@pytest.mark.parametrize("image,extra,sentence", [
+    # flags the hand table knew but the real 0.27.1 parser rejects
+    ("v0.27.1", {"--disable-log-requests": True}, "vLLM 0.27.1 has no flag --disable-log-requests (its parser: "
+                                                  "unrecognized arguments: --disable-log-requests)"),
+    ("v0.27.1", {"--linear-backend": "b12x"}, "--linear-backend 'b12x' is not one of vLLM 0.27.1's values"),
+    # by class, whatever the parser accepts (issue 40 point 6)
+    ("v0.32.0", {"--api-key": "x"}, "--api-key would put a secret on the command line"),
+    ("v0.32.0", {"--hf-token": "x"}, "set hf_token_file instead"),
+    ("v0.32.0", {"--middleware": "m.x"}, "--middleware loads code by name"),
+    ("v0.32.0", {"--worker-extension-cls": "m.X"}, "--worker-extension-cls loads code by name"),
+    ("v0.32.0", {"--uds": "/tmp/s"}, "--uds changes where the server listens"),
+    ("v0.32.0", {"--ssl-keyfile": "/k"}, "--ssl-keyfile changes where the server listens"),
+    # a value that is itself a flag
+    ("v0.32.0", {"--generation-config": "--enforce-eager"}, "'--enforce-eager' is a flag"),
+    ("v0.32.0", {"--generation-config": "-h"}, "'-h' is a flag"),
+    ("v0.32.0", {"--enforce-eager": "yes"}, "--enforce-eager is a switch in vLLM 0.32.0"),
+    ("v0.32.0", {"--block-size": "many"}, "invalid int value: 'many'"),
+])
+def test_extra_args_refused_in_the_parsers_words_or_by_class(image, extra, sentence):
+    with pytest.raises(PlanError) as e:
+        make_plan("h", FLEET["h100x1"], {"vllm_image": f"vllm/vllm-openai:{image}", "vllm_extra_args": extra})
+    assert sentence in str(e.value)
+
+
+def test_generated_tables_cover_the_real_parsers():
+    for version, at_least in (("0.27.1", 359), ("0.32.0", 406)):
+        table = vllm_flags.accepted(version)
+        assert table["version"] == version and table["generated_by"] == "tests/real_vllm/gen_args.py"
+        assert len({row["option"] for row in table["flags"].values()}) >= 280 and len(table["flags"]) >= at_least
+        assert "nemotron_v3" in table["reasoning_parsers"] and "qwen3_coder" in table["tool_parsers"]
