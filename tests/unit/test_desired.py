@@ -177,7 +177,12 @@ def test_a_plain_deploy_refuses_a_host_locked_by_someone_else():
 @pytest.mark.parametrize("groups, refused, warned", [
     (["gpu_h200"], None, None),
     (["gpu_h200", "canary", "rack3"], None, None),  # other groups are the operator's own
-    (["gpu_h20"], "group gpu_h20 is not a GPU class (did you mean gpu_h200?)", None),
+    (["gpu_h2000"], "group gpu_h2000 is not a GPU class (did you mean gpu_h200?)", None),
+    # real GPU classes from the GPU table (issue 37 point 3), with or without a group_data file: taken as
+    # classes (this host's H200s are not in them, which is said), not refused as typos
+    (["gpu_h20"], None, "in group gpu_h20 but its GPUs are H200"),
+    (["gpu_b300"], None, "in group gpu_b300 but its GPUs are H200"),
+    (["gpu_gb10"], None, "in group gpu_gb10 but its GPUs are H200"),
     (["gpu_h200", "gpu_h200"], "listed 2 times in group gpu_h200", None),
     (["gpu_h100", "gpu_h200"], "in 2 GPU class groups (gpu_h100, gpu_h200)", None),
     (["gpu_h100"], None, "in group gpu_h100 but its GPUs are H200"),
