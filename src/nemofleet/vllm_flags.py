@@ -135,14 +135,18 @@ def _table_032() -> dict[str, Flag]:
 
 VERSIONS: dict[str, VllmVersion] = {
     # docs/recipes.md#lightning-a100 and #lightning-h100 ran on v0.27.1, incl. --mamba-cache-mode align.
-    # CUDA 12.8 images (driver >= 570, as on the A100 host of docs/recipes.md#lightning-a100).
+    # CUDA 12.8 as pinned so far (driver >= 570, as on the A100 host of docs/recipes.md#lightning-a100).
+    # UNVERIFIED and likely wrong for the unsuffixed tag: vLLM's default wheel and docker images are
+    # CUDA 13.0 after v0.20.0 (vllm-project/vllm#42738; CUDA 12.9 images carry a -cu129 suffix). The
+    # plan warns whenever only this table gives the CUDA (preflight.image_cuda); the image's own
+    # NVIDIA_REQUIRE_CUDA decides once it is pulled, and vllm_image_cuda overrides.
     "0.27.1": VllmVersion(
         "0.27.1", "12.8",
         _table([Flag("--mamba-cache-mode", "choice", ("align", "all", "none"))]),
         _REASONING, _TOOLS,
     ),
-    # Parsed by the real 0.32.0 parser; CUDA as 0.33 (CUDA 13.0 images) -- an image's own
-    # NVIDIA_REQUIRE_CUDA overrides this when the image is on the host.
+    # Parsed by the real 0.32.0 parser; CUDA 13.0: vLLM's images are CUDA 13.0 after v0.20.0
+    # (vllm-project/vllm#42738) -- an image's own NVIDIA_REQUIRE_CUDA overrides this when it is on the host.
     "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
     # vLLM 0.33 engine args: --mamba-cache-mode is deprecated and has no effect (derived from
     # prefix caching), 'all' is gone; images are CUDA 13.0.

@@ -763,3 +763,27 @@ def test_generated_tables_cover_the_real_parsers():
         assert table["version"] == version and table["generated_by"] == "tests/real_vllm/gen_args.py"
         assert len({row["option"] for row in table["flags"].values()}) >= 280 and len(table["flags"]) >= at_least
         assert "nemotron_v3" in table["reasoning_parsers"] and "qwen3_coder" in table["tool_parsers"]
+
+
+# ---------------------------------------------------------------------------- the image's CUDA (issue 40 point 5)
+
+def test_image_cuda_from_the_image_the_setting_or_the_table_with_a_warning():
+    from nemofleet import preflight
+
+    facts = {"gpus": {"driver": "570.133.20"}, "image": {}}
+    assert preflight.image_cuda({"image": {"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=12.9 brand=tesla"}}},
+                                "vllm/vllm-openai:v0.32.0", "13.0") == ("12.9", "image")
+    assert preflight.image_cuda(facts, "vllm/vllm-openai:v0.32.0", "12.8") == ("12.8", "setting")
+    refused, warned = preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0")
+    assert "vllm_image_cuda overrides the table" in warned[0]
+    assert "install the CUDA forward compatibility package (cuda-compat-13-0" in refused[0]
+    assert "or upgrade the NVIDIA driver" in refused[0]
+    assert preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0", "12.8") == ([], [])
+    v = vllm_flags.VERSIONS["0.32.0"]
+    try:
+        vllm_flags.VERSIONS["0.32.0"] = vllm_flags.VllmVersion("0.32.0", "", v.flags, v.reasoning_parsers, v.tool_parsers)
+        refused, _ = preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0")
+        assert refused == ["nemofleet cannot tell which CUDA vllm/vllm-openai:v0.32.0 needs (not pulled on this host, "
+                           "so no NVIDIA_REQUIRE_CUDA, and not in its version table); set vllm_image_cuda (e.g. 13.0)"]
+    finally:
+        vllm_flags.VERSIONS["0.32.0"] = v
