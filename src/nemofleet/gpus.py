@@ -61,6 +61,14 @@ GPU_CLASSES = [
     GpuClass("B200 179 GiB", "NVIDIA B200", 183359, "10.0"),
 ]
 
+# The GPU classes an inventory may group hosts by (group_data/gpu_<class>.py, the class as
+# short_name() names it): every GPU of NAME_TO_CC below with a short name, not only those
+# GPU_CLASSES sizes (docs/recipes.md#sm12x names GB10 a target). A class group without a
+# group_data file is fine.
+CLASS_NAMES = ("A10G", "A10", "A30", "A40", "L4", "L40", "L40S", "A100", "H20", "H100", "H200", "H800", "GH200",
+               "B200", "B300", "GB200", "GB300", "GB10")
+CLASS_GROUPS = tuple(f"gpu_{n.lower()}" for n in CLASS_NAMES)
+
 # Used when the driver does not report compute_cap (470 drivers).
 # Older drivers drop the "NVIDIA " prefix, so the names are matched as regexes.
 NAME_TO_CC = [

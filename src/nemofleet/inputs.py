@@ -38,8 +38,9 @@ SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_pub
 # rollouts and status skip them, and the decision for them is the gateway's (desired._gateway).
 GATEWAY_GROUP = "gateway"
 
-# The GPU class groups of the inventory (group_data/gpu_<class>.py), as gpus.short_name() names them.
-GPU_CLASS_GROUPS = ("gpu_a10g", "gpu_l40s", "gpu_a100", "gpu_h100", "gpu_h200", "gpu_b200", "gpu_gh200", "gpu_gb200")
+# The GPU class groups of the inventory (group_data/gpu_<class>.py), as gpus.short_name() names them:
+# from the GPU table (gpus.CLASS_GROUPS), not a fixed list here.
+from .gpus import CLASS_GROUPS as GPU_CLASS_GROUPS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def group_problems(groups, facts: Mapping) -> tuple[list[str], list[str]]:
                         "definition's data; list it once")
     for g in sorted(set(groups)):
         if g.startswith("gpu_") and g not in GPU_CLASS_GROUPS:
-            close = difflib.get_close_matches(g, GPU_CLASS_GROUPS, n=1, cutoff=0.75)
+            close = difflib.get_close_matches(g, GPU_CLASS_GROUPS, n=1, cutoff=0.8)
             if close:
                 refusals.append(f"group {g} is not a GPU class (did you mean {close[0]}?): group_data/{close[0]}.py "
                                 "does not apply to this host until the inventory names it right")
@@ -160,6 +161,12 @@ class Secrets(dict):
     of the wrong form), naming the setting and never the value."""
 
     problems: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str):
+        # secrets.vllm_api_key as well as secrets["vllm_api_key"]: a secret not set is None
+        if name not in SECRET_KEYS:
+            raise AttributeError(name)
+        return self.get(name)
 
 
 def _read_secret_file(name: str, path: str, explicit: bool) -> tuple[str | None, str | None]:

@@ -1,15 +1,20 @@
 """The memory model: what one GPU of an instance needs before vLLM will start, term by term.
 
 Each term is named, explained and sourced in docs/recipes.md#memory-model, and calibrated
-against every published figure there (tests/unit/test_plan.py, one test per figure):
+against every published figure there (tests/unit/test_plan.py, one test per figure). It follows
+the two checks the pinned vLLM makes at startup (docs/recipes.md#vllm-startup-checks):
 
-    need = weights + activations + KV(one full-context sequence) + Mamba state x max_num_seqs + draft
-    available = gpu_memory_utilization x GPU memory
+    pool = gpu_memory_utilization x GPU memory - weights - activations and runtime - draft
+    1. pool >= KV(one max_model_len request) + its Mamba state blocks
+       (v1/core/kv_cache_utils.py _check_enough_kv_cache_memory over every layer's
+       max_memory_usage_bytes: one request, not max_num_seqs of them)
+    2. max_num_seqs <= the pool's cache blocks, where the model has Mamba layers
+       (config/compilation.py: "max_num_seqs (N) exceeds available Mamba cache blocks (M)",
+       vllm#49064: each decode sequence of a full CUDA graph needs one block)
 
-`need` is a startup minimum: vLLM refuses to start unless one max_model_len sequence fits the
-KV cache and every one of max_num_seqs sequences has a Mamba state block (vllm#49064). What is
-left of `available` becomes KV cache; `full_context_seqs` says how many max_model_len sequences
-it holds at once, which is what max_num_seqs really means at long context.
+`need` is check 1's startup minimum. The pool becomes KV cache and Mamba state blocks;
+`full_context_seqs` says how many max_model_len sequences (KV and state) it holds at once,
+which is what max_num_seqs really means at long context.
 """
 
 from __future__ import annotations
@@ -40,17 +45,43 @@ _MAMBA_FACTOR = {"float16": 0.5, "bfloat16": 0.5, "float32": 1.0, "auto": 1.0, N
 class Memory:
     weights: int
     kv: int  # one max_model_len sequence
-    mamba: int  # max_num_seqs states
+    mamba: int  # max_num_seqs states (every running sequence holds one)
     reserve: int  # activations + runtime (CUDA context, graphs, NCCL)
     draft: int
     available: int  # util x GPU memory, per GPU
     # the share of the weights the model's card reserves for activations (0: none); when it is
     # larger than the memory model's own activations and runtime, `reserve` is that share
     reserve_fraction: float = 0.0
+    mamba_seq: int = 0  # one sequence's Mamba state on this GPU
+    # state blocks one request holds in vLLM's startup check (MambaSpec.max_memory_usage_bytes:
+    # 2 with --mamba-cache-mode align, else 1, plus one per speculative token)
+    mamba_blocks: int = 1
+    block_bytes: int = 0  # one block of the shared KV/Mamba pool (0: no Mamba layers)
+    max_num_seqs: int = 0
 
     @property
     def need(self) -> int:
-        return self.weights + self.kv + self.mamba + self.reserve + self.draft
+        """vLLM's startup check 1: one max_model_len request's KV and Mamba blocks in the pool."""
+        return self.weights + self.reserve + self.draft + self.kv + self.mamba_seq * self.mamba_blocks
+
+    @property
+    def pool(self) -> int:
+        """What is left for the KV cache and the Mamba state blocks."""
+        return self.available - self.weights - self.reserve - self.draft
+
+    @property
+    def cache_blocks(self) -> int | None:
+        """Blocks of the pool (vLLM's get_num_blocks: pool // page size // layers per group);
+        None for a model without Mamba layers."""
+        if not self.block_bytes:
+            return None
+        return max(0, self.pool) // self.block_bytes
+
+    @property
+    def blocks_short(self) -> bool:
+        """vLLM's startup check 2: more sequences than Mamba cache blocks."""
+        blocks = self.cache_blocks
+        return blocks is not None and self.max_num_seqs > blocks
 
     @property
     def headroom(self) -> int:
@@ -58,14 +89,15 @@ class Memory:
 
     @property
     def fits(self) -> bool:
-        return self.need <= self.available
+        return self.need <= self.available and not self.blocks_short
 
     @property
     def full_context_seqs(self) -> int:
-        """max_model_len sequences the KV cache holds at once (0: vLLM would not start)."""
-        if not self.fits or self.kv <= 0:
+        """max_model_len sequences (KV and Mamba state) the pool holds at once (0: vLLM would not start)."""
+        per = self.kv + self.mamba_seq
+        if not self.fits or per <= 0:
             return 0
-        return 1 + self.headroom // self.kv
+        return max(1, self.pool // per)
 
     def summary(self) -> str:
         return f"{self.need / GIB:.1f}/{self.available / GIB:.1f} GiB per GPU"
@@ -73,10 +105,17 @@ class Memory:
     def terms(self) -> str:
         floor = f" (the card's {self.reserve_fraction:.0%} of the weights)" if self.reserve_from_card else ""
         parts = [f"weights {gib(self.weights)}", f"activations and runtime {gib(self.reserve)}{floor}",
-                 f"KV for one full-context sequence {gib(self.kv)}", f"Mamba state {gib(self.mamba)}"]
+                 f"KV for one full-context sequence {gib(self.kv)}",
+                 f"Mamba state of one sequence {size(self.mamba_seq * self.mamba_blocks)}"]
         if self.draft:
             parts.append(f"draft {gib(self.draft)}")
         return ", ".join(parts)
+
+    def blocks_problem(self) -> str:
+        """Check 2 in vLLM's words, with the figures."""
+        return (f"max_num_seqs {self.max_num_seqs} exceeds the {self.cache_blocks} Mamba cache blocks its "
+                f"{gib(max(0, self.pool))} cache pool per GPU holds (one block of {size(self.block_bytes)} per decoding "
+                "sequence, or vLLM refuses to start)")
 
     @property
     def reserve_from_card(self) -> bool:
@@ -84,12 +123,18 @@ class Memory:
 
     def to_dict(self) -> dict:
         return {"weights": self.weights, "activations": self.reserve, "kv_one_sequence": self.kv,
-                "mamba": self.mamba, "draft": self.draft, "need": self.need, "available": self.available,
+                "mamba": self.mamba, "mamba_one_sequence": self.mamba_seq, "draft": self.draft, "need": self.need,
+                "available": self.available, "cache_pool": self.pool, "cache_blocks": self.cache_blocks,
                 "full_context_seqs": self.full_context_seqs}
 
 
 def gib(b: int) -> str:
     return f"{b / GIB:.1f} GiB"
+
+
+def size(b: int) -> str:
+    """GiB, or MiB below 1 GiB (a Mamba state block is tens of MiB)."""
+    return gib(b) if b >= GIB else f"{b / 1024**2:.0f} MiB"
 
 
 def seqs_phrase(n: int, max_model_len: int) -> str:
@@ -117,33 +162,65 @@ def active_params(model) -> int:
 
 def estimate(model, *, tp: int, gpu_bytes: int, util: float, max_model_len: int, max_num_seqs: int,
              max_num_batched_tokens: int, kv_cache_dtype: str | None, mamba_dtype: str | None,
-             draft: bool, pp: int = 1) -> Memory:
+             draft: bool, pp: int = 1, mamba_align: bool = False, spec_tokens: int = 0) -> Memory:
     """Per-GPU memory of one instance of `model` over `tp` GPUs of `gpu_bytes` each, times `pp`
     pipeline stages (a multi-node group, docs/recipes.md#multi-node: each stage holds its share
-    of the layers, so weights, KV cache and Mamba state divide by the stages too)."""
+    of the layers, so weights, KV cache and Mamba state divide by the stages too). `mamba_align`:
+    --mamba-cache-mode align (two state blocks per request); `spec_tokens`: speculative tokens
+    (one more state block each), as vLLM's MambaSpec counts them."""
     kv_shards = max(1, min(tp, model.kv_heads))  # KV heads shard up to their count, then replicate
     kv = model.kv_bytes_per_token(kv_dtype_bytes(model, kv_cache_dtype)) * max_model_len // kv_shards // pp
     mamba_per_seq = int(model.mamba_state_bytes_fp32 * _MAMBA_FACTOR.get(mamba_dtype, 1.0))
     act = int(ACT_BYTES_PER_TOKEN_PER_BILLION * max_num_batched_tokens * active_params(model) / 1e9)
     weights = model.weight_bytes // (tp * pp)
     # where the model's card states a reserve (Super VL: 15-25 % of the weights), the term is
-    # at least its low end (docs/recipes.md#memory-model)
+    # held within it: at least its low end, at most its high end (docs/recipes.md#memory-model)
     fraction = getattr(model, "reserve_fraction", 0.0) or 0.0
+    high = getattr(model, "reserve_fraction_max", 0.0) or 0.0
     own = act + RUNTIME_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
+    reserve = max(own, card_reserve(weights, fraction))
+    if high:
+        reserve = min(reserve, card_reserve(weights, high))
+    seq = mamba_per_seq // (tp * pp)  # Mamba heads shard across the TP group
     return Memory(
         weights=weights,
         kv=kv,
-        mamba=mamba_per_seq * max_num_seqs // (tp * pp),  # Mamba heads shard across the TP group
-        reserve=max(own, card_reserve(weights, fraction)),
+        mamba=seq * max_num_seqs,
+        reserve=reserve,
         draft=(model.draft_bytes // tp) if draft else 0,
         available=int(util * gpu_bytes),
         reserve_fraction=fraction,
+        mamba_seq=seq,
+        mamba_blocks=(2 if mamba_align else 1) + spec_tokens if seq else 0,
+        block_bytes=block_bytes(model, seq),
+        max_num_seqs=max_num_seqs,
     )
+
+
+def block_bytes(model, mamba_seq: int) -> int:
+    """One block of vLLM's shared pool for a hybrid model: every layer's page is unified to the
+    Mamba layer's state (unify_hybrid_kv_cache_specs), and the pool is split into `group size`
+    tensors, the group size being the fewer of the layer kinds (the attention layers here, unless
+    the two counts are within 1.5x: _get_kv_cache_groups_uniform_page_size), so a block costs
+    group size x one layer's state. Without the Mamba layer count a block is taken as a whole
+    sequence's state. Without the Mamba layer count (the catalog does not know it; the checkpoint's
+    hybrid_override_pattern gives it once the weights are on the host) the block cannot be sized,
+    and the check is left to vLLM rather than refusing what it may accept (0: no check)."""
+    if not mamba_seq:
+        return 0
+    layers = getattr(model, "mamba_layers", 0) or 0
+    attn = model.attention_layers
+    if not layers:
+        return 0
+    if not attn:
+        return mamba_seq
+    group = max(layers, attn) if max(layers, attn) < 1.5 * min(layers, attn) else min(layers, attn)
+    return max(1, mamba_seq * group // layers)
 
 
 def total_for(mem: Memory, tp: int, util: float, full_context_seqs: int = 1) -> int:
     """Total GPU memory an instance needs to hold `full_context_seqs` max-length sequences at
-    once: the published "safe line" (1) and "comfortable" (long context and concurrency),
-    docs/recipes.md#memory-model."""
-    per_gpu = mem.need + (full_context_seqs - 1) * mem.kv
+    once while every one of max_num_seqs sequences holds its Mamba state: the published "safe
+    line" (1) and "comfortable" (long context and concurrency), docs/recipes.md#memory-model."""
+    per_gpu = mem.weights + mem.reserve + mem.draft + full_context_seqs * mem.kv + mem.mamba
     return int(per_gpu * tp / util)

@@ -78,6 +78,11 @@ class Model:
     # The card's "safe line": total GPU memory of one instance below which the plan warns with
     # its figures (0: none stated). docs/recipes.md#super-vl
     safe_line_bytes: int = 0
+    # the high end of the card's reserve (Super VL: 25 %): the term never exceeds it (0: no cap)
+    reserve_fraction_max: float = 0.0
+    # Mamba-2 layers: with attention_layers they size one block of vLLM's shared cache pool
+    # (memory.block_bytes); 0: unknown (the checkpoint's hybrid_override_pattern tells it), no block check
+    mamba_layers: int = 0
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -102,6 +107,7 @@ class Model:
         pattern = cfg.get("hybrid_override_pattern")
         if isinstance(pattern, str) and pattern:
             changes["attention_layers"] = pattern.count("*")
+            changes["mamba_layers"] = pattern.count("M")
         elif cfg.get("num_hidden_layers") and not self.hybrid:
             changes["attention_layers"] = int(cfg["num_hidden_layers"])
         return dataclasses.replace(self, **changes)
@@ -112,6 +118,7 @@ _LIGHTNING = dict(
     max_context=1_048_576,
     attention_layers=6, kv_heads=2, head_dim=128,
     mamba_state_bytes_fp32=50 * 10**6,
+    mamba_layers=23,  # docs/recipes.md#memory-model: 23 layers x 64 heads x 64 x 128
     active_params=3 * 10**9,  # docs/recipes.md#lightning-h100: 30B total, 3B active per token
     family="lightning",
     reasoning_parser="nemotron_v3",
@@ -141,6 +148,7 @@ _SUPER_VL = dict(
     default_context=262144,  # docs/recipes.md#super-vl
     default_speculative="mtp",  # docs/recipes.md#super-vl: built-in MTP head, 1 token
     reserve_fraction=0.15,  # docs/recipes.md#super-vl: "reserve 15%-25%" of the weights, the low end
+    reserve_fraction_max=0.25,  # ... and the high end
     safe_line_bytes=400 * GB,  # docs/recipes.md#super-vl: "400 GB of total GPU memory is the safe line"
 )
 
@@ -180,7 +188,7 @@ CATALOG: dict[str, Model] = {
             revision="main", precision="bf16", weight_bytes=int(63.2 * GB),
             architecture="NemotronHForCausalLM", served_name="nemotron-3-nano",
             max_context=1_048_576, attention_layers=6, kv_heads=2, head_dim=128,
-            mamba_state_bytes_fp32=50 * 10**6,
+            mamba_state_bytes_fp32=50 * 10**6, mamba_layers=23,  # docs/recipes.md#nano: 23 Mamba-2 layers
             active_params=3_500_000_000,  # docs/recipes.md#nano: 3.5B active of 30B
             family="nano",
             # docs/recipes.md#nano: the parser ships in the model repository as a plugin
@@ -345,6 +353,8 @@ FIELD_TYPES = {
     "draft_bytes": _int(0, 10**14),
     "reserve_fraction": _number(0.0, 1.0),
     "safe_line_bytes": _int(0, 10**15),
+    "reserve_fraction_max": _number(0.0, 1.0),
+    "mamba_layers": _int(0, 10**4),
 }
 
 

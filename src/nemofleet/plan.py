@@ -217,11 +217,13 @@ def _context(s: settings.Settings, local_meta: dict | None) -> _Ctx:
     return _Ctx(s=s, model=model, v=v, mml=mml, spec=spec,
                 spec_tokens=s.num_speculative_tokens or model.default_spec_tokens,
                 model_path=f"/models/{catalog.local_dir_name(model.repo)}", draft_paths=draft_paths,
-                extra=tuple(_extra(s.vllm_extra_args, "vllm_extra_args")))
+                extra=tuple(_extra(s.vllm_extra_args, "vllm_extra_args", v)))
 
 
-def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
-    """Operator flags {flag: value|true}; a flag the plan owns is refused with its setting."""
+def _extra(raw: dict, where: str, v: vllm_flags.VllmVersion | None = None) -> list[tuple[str, object]]:
+    """Operator flags {flag: value|true}; a flag the plan owns is refused with its setting, one that
+    carries a secret, loads code or listens is refused by class, and the rest is checked against the
+    pinned vLLM's own parser (its generated table, vllm_flags.check_extra)."""
     out = []
     for k, val in raw.items():
         name = vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
@@ -229,6 +231,13 @@ def _extra(raw: dict, where: str) -> list[tuple[str, object]]:
         if instead:
             raise PlanError(f"{where} sets {name}, which the plan decides (it must match the published port, "
                             f"the health check and the memory budget); set {instead} instead")
+        why = vllm_flags.refused_class(name)
+        if why:
+            raise PlanError(f"{where} sets {why}")
+        if v is not None:
+            err = vllm_flags.check_extra(v, name, None if val is True else val)
+            if err:
+                raise PlanError(f"{where}: {err}")
         out.append((name, None if val is True else val))
     return out
 
@@ -285,11 +294,29 @@ def _memory(ctx: _Ctx, flags, tp: int, gpu_bytes: int, seqs: int, batched: int, 
     return mem_model.estimate(
         ctx.model, tp=tp, gpu_bytes=gpu_bytes, util=float(ctx.s.gpu_memory_utilization), max_model_len=ctx.mml,
         max_num_seqs=seqs, max_num_batched_tokens=batched, kv_cache_dtype=d.get("--kv-cache-dtype"),
-        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp)
+        mamba_dtype=d.get("--mamba-ssm-cache-dtype"), draft=ctx.spec in ("dflash", "dspark"), pp=pp,
+        mamba_align=_mamba_align(ctx, d), spec_tokens=ctx.spec_tokens if ctx.spec else 0)
+
+
+def _mamba_align(ctx: _Ctx, d: dict) -> bool:
+    """Whether vLLM keeps two Mamba state blocks per request (--mamba-cache-mode align): set, or
+    derived from prefix caching where the pinned vLLM deprecates the flag (0.33)."""
+    mode = d.get("--mamba-cache-mode")
+    if mode is not None:
+        return mode == "align"
+    flag = ctx.v.flags.get("--mamba-cache-mode")
+    return "--enable-prefix-caching" in d and (flag is None or bool(flag.deprecated))
 
 
 def _validate(ctx: _Ctx, flags) -> None:
+    # the operator's extras were checked against the real parser's table (_extra); the plan's own
+    # flags against the table of what it emits
+    extras = {n for n, _ in ctx.extra} | {n for extra in ctx.s.instance_extra_args.values()
+                                          for n in (vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
+                                                    for k in extra)}
     for name, value in flags:
+        if name in extras:
+            continue
         err = vllm_flags.check_arg(ctx.v, name, value)
         if err:
             raise PlanError(err)
@@ -450,6 +477,12 @@ def _refusal(ctx: _Ctx, group: list[Gpu], nofit: _NoFit, local_meta) -> PlanErro
         head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
     shapes = _shapes(ctx, group)
     fixes = _fixes(ctx, group, local_meta)
+    if mem.need <= mem.available and mem.blocks_short:  # vLLM's second startup check (memory.py)
+        return PlanError(
+            f"{m.key} on {where} at TP{nofit.tp}: {mem.blocks_problem()}; with these settings nemofleet would plan "
+            f"it on {' or '.join(shapes) if shapes else 'no catalog GPU class of up to 8 GPUs'}; "
+            + (f"on this host it fits with {' or '.join(fixes)}" if fixes
+               else "no single setting change makes it fit this host"))
     return PlanError(
         f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
         f"gpu_memory_utilization {util:.2f}; with these settings nemofleet would plan it on "
@@ -769,7 +802,7 @@ def _instances(ctx: _Ctx, layouts: list[_Layout], identity: dict | None = None) 
             name, port = slots[len(out)]
             if not _NAME.match(name):
                 raise PlanError(f"instance name {name!r} is not a valid container name")
-            more = _extra(per_instance[name], f"instance_extra_args.{name}") if name in per_instance else []
+            more = _extra(per_instance[name], f"instance_extra_args.{name}", ctx.v) if name in per_instance else []
             flags = _flags(ctx, lay.arch, lay.tp, lay.seqs, lay.batched, more)
             _validate(ctx, flags)
             mem = _memory(ctx, flags, lay.tp, lay.gpus[0].memory_mib * MIB, lay.seqs, lay.batched)

@@ -52,14 +52,18 @@ def summary(facts: dict) -> str:
             f"cgroup v{facts.get('cgroup') or '?'}")
 
 
-def image_cuda(facts: dict, image: str) -> str:
-    """The CUDA version the image needs: from its NVIDIA_REQUIRE_CUDA when it is on the host,
-    else from nemofleet's version table."""
+def image_cuda(facts: dict, image: str, setting: str | None = None) -> tuple[str | None, str]:
+    """(the CUDA version the image needs, where it comes from): the image's own
+    NVIDIA_REQUIRE_CUDA when it is on the host, else the vllm_image_cuda setting, else
+    nemofleet's version table (vllm_flags.VERSIONS, sources there); (None, "") when none says."""
     env = (facts.get("image") or {}).get("env") or {}
     m = re.search(r"cuda>=(\d+\.\d+)", env.get("NVIDIA_REQUIRE_CUDA", ""))
     if m:
-        return m.group(1)
-    return vllm_flags.get(vllm_flags.version_of_image(image)).cuda
+        return m.group(1), "image"
+    if setting:
+        return str(setting), "setting"
+    cuda = vllm_flags.get(vllm_flags.version_of_image(image)).cuda
+    return (cuda, "table") if cuda else (None, "")
 
 
 def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None) -> Verdict:
@@ -96,9 +100,11 @@ def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], li
     refusals: list[str] = []
     warnings: list[str] = []
     try:
-        refusals += _driver_refusals(facts, s.vllm_image)
+        refused, warned = _driver_refusals(facts, s.vllm_image, s.vllm_image_cuda)
     except vllm_flags.UnknownVersion as exc:
         return [str(exc)], warnings
+    refusals += refused
+    warnings += warned
     off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
     if off:
         warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
@@ -130,14 +136,25 @@ def gpu_refusal(g: dict) -> str | None:
     return None
 
 
-def _driver_refusals(facts: dict, image: str) -> list[str]:
-    need_cuda = image_cuda(facts, image)
+def _driver_refusals(facts: dict, image: str, setting: str | None = None) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of the driver against the CUDA the image needs (image_cuda)."""
+    need_cuda, source = image_cuda(facts, image, setting)
+    if need_cuda is None:
+        return [f"nemofleet cannot tell which CUDA {image} needs (not pulled on this host, so no "
+                "NVIDIA_REQUIRE_CUDA, and not in its version table); set vllm_image_cuda (e.g. 13.0)"], []
+    warnings = []
+    if source == "table":
+        warnings.append(f"the CUDA {image} needs ({need_cuda}) comes from nemofleet's version table, not the image "
+                        "(not pulled on this host yet); the image's NVIDIA_REQUIRE_CUDA decides once it is, and "
+                        "vllm_image_cuda overrides the table")
     need_driver = CUDA_MIN_DRIVER.get(need_cuda)
     driver = facts["gpus"]["driver"]
     if need_driver and vt(driver) < vt(need_driver):
         return [f"driver {driver} supports CUDA {facts.get('cuda') or '?'} but {image} needs CUDA {need_cuda} "
-                f"(driver >= {need_driver}); upgrade the NVIDIA driver and reboot, or pin an older image"]
-    return []
+                f"(driver >= {need_driver}); install the CUDA forward compatibility package (cuda-compat-"
+                f"{need_cuda.replace('.', '-')}, datacenter GPUs) or upgrade the NVIDIA driver and reboot, or pin an "
+                "older image"], warnings
+    return [], warnings
 
 
 def _runtime_refusals(tk: dict, docker: dict) -> list[str]:

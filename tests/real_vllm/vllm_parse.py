@@ -6,7 +6,10 @@ import json
 import sys
 from contextlib import redirect_stderr
 
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32.0
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser  # 0.27.1
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 try:

@@ -190,7 +190,7 @@ def test_models_root_is_a_directory_of_its_own(root):
 def test_an_unreadable_or_missing_secret_file_is_named(tmp_path):
     missing = tmp_path / "nope"
     s = inputs.read_secrets({"vllm_api_key_file": str(missing)})
-    assert s["vllm_api_key"] is None and s.problems == (f"vllm_api_key_file {missing} does not exist; point it at "
+    assert s.vllm_api_key is None and s.problems == (f"vllm_api_key_file {missing} does not exist; point it at "
                                                          "the file that holds vllm_api_key",)
     s = inputs.read_secrets({"hf_token_file": str(tmp_path)})
     assert "is not a regular file" in s.problems[0]
@@ -212,7 +212,7 @@ def test_secrets_are_a_type_that_never_shows_its_value(tmp_path):
     f = tmp_path / "key"
     f.write_text("sk-very-secret-value-42\n")
     s = inputs.read_secrets({"vllm_api_key_file": str(f)})
-    v = s["vllm_api_key"]
+    v = s.vllm_api_key
     assert isinstance(v, Secret) and v.reveal() == "sk-very-secret-value-42"
     for shown in (repr(v), str(v), f"{v}", f"{v!r}", repr(s), json.dumps({"k": str(v)})):
         assert "very-secret" not in shown
@@ -222,7 +222,7 @@ def test_secrets_are_a_type_that_never_shows_its_value(tmp_path):
     # a value of the wrong form is refused without being echoed
     f.write_text("sk with spaces and 'quotes'")
     s = inputs.read_secrets({"vllm_api_key_file": str(f)})
-    assert s["vllm_api_key"] is None and "quotes" not in s.problems[0] and "vllm_api_key" in s.problems[0]
+    assert s.vllm_api_key is None and "quotes" not in s.problems[0] and "vllm_api_key" in s.problems[0]
 
 
 def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():
@@ -255,7 +255,12 @@ def test_a_plain_deploy_refuses_a_host_locked_by_someone_else():
 @pytest.mark.parametrize("groups, refused, warned", [
     (["gpu_h200"], None, None),
     (["gpu_h200", "canary", "rack3"], None, None),  # other groups are the operator's own
-    (["gpu_h20"], "group gpu_h20 is not a GPU class (did you mean gpu_h200?)", None),
+    (["gpu_h2000"], "group gpu_h2000 is not a GPU class (did you mean gpu_h200?)", None),
+    # real GPU classes from the GPU table (issue 37 point 3), with or without a group_data file: taken as
+    # classes (this host's H200s are not in them, which is said), not refused as typos
+    (["gpu_h20"], None, "in group gpu_h20 but its GPUs are H200"),
+    (["gpu_b300"], None, "in group gpu_b300 but its GPUs are H200"),
+    (["gpu_gb10"], None, "in group gpu_gb10 but its GPUs are H200"),
     (["gpu_h200", "gpu_h200"], "listed 2 times in group gpu_h200", None),
     (["gpu_h100", "gpu_h200"], "in 2 GPU class groups (gpu_h100, gpu_h200)", None),
     (["gpu_h100"], None, "in group gpu_h100 but its GPUs are H200"),

@@ -93,7 +93,9 @@ def test_memory_budget_matches_seed_figures():
     with pytest.raises(PlanError) as e:
         make_plan("a100", PROFILES["a100-1"], {"model": "nemotron-3.5-super-vl-bf16"})
     # one unit (GiB), need vs available, and shapes this planner accepts (issue 15)
-    assert str(e.value).startswith("nemotron-3.5-super-vl-bf16 needs 256.2 GiB per GPU even at TP1 (weights 215.9 GiB")
+    # vLLM's startup check: one full-context request's KV and Mamba state, not max_num_seqs states
+    assert str(e.value).startswith("nemotron-3.5-super-vl-bf16 needs 250.6 GiB per GPU even at TP1 (weights 215.9 GiB")
+    assert "Mamba state of one sequence 381 MiB" in str(e.value)
     assert "but 1x A100 80 GiB has 72.0 GiB per GPU at gpu_memory_utilization 0.90" in str(e.value)
     assert "4x A100 80 GiB (TP4, max_num_seqs 32)" in str(e.value) and " GB" not in str(e.value)
 
@@ -230,10 +232,11 @@ def test_seed_004_super_vl_is_tp8_with_the_articles_command():
 def test_super_vl_two_tp4_on_request_and_the_choice_is_explained():
     base = {"model": "nemotron-3.5-super-vl-bf16"}
     tp8 = make_plan("h", FLEET["h200x8"], base)
-    assert "also possible: TP4 with tensor_parallel_size: 4" in tp8.choices[0]
-    for data in ({"tensor_parallel_size": 4}, {"tensor_parallel_policy": "smallest"}):
+    assert "also possible: " in tp8.choices[0] and "TP4 with tensor_parallel_size: 4 (" in tp8.choices[0]
+    # smallest: TP2 fits vLLM's startup checks on H200 (below the card's safe line, which the plan warns of)
+    for data, tps in (({"tensor_parallel_size": 4}, [4, 4]), ({"tensor_parallel_policy": "smallest"}, [2, 2, 2, 2])):
         p = make_plan("h", FLEET["h200x8"], {**base, **data})
-        assert [i.tp for i in p.instances] == [4, 4] and "GiB headroom per GPU" in p.choices[0]
+        assert [i.tp for i in p.instances] == tps and "GiB headroom per GPU" in p.choices[0]
         assert "TP8 with tensor_parallel_size: 8" in p.choices[0]
 
 
@@ -299,7 +302,8 @@ def test_memory_super_vl_400_gb_safe_800_gb_comfortable():
     assert within(memory.total_for(m, 8, 0.90) / 1e9, 400)  # starts: one full-context sequence
     # "comfortable: long context and concurrency", read as 10 sequences of the model's full 1M context at once
     assert within(memory.total_for(_vl_tp8(1_048_576), 8, 0.90, full_context_seqs=10) / 1e9, 800)
-    assert within(m.reserve * 8 / CATALOG["nemotron-3.5-super-vl-bf16"].weight_bytes, 0.25, 0.5)  # seed: 15-25% reserve
+    # seed 004: "reserve 15%-25%" of the weights, at TP8 too (issue 37 point 8)
+    assert 0.15 <= m.reserve * 8 / CATALOG["nemotron-3.5-super-vl-bf16"].weight_bytes <= 0.25
 
 
 def test_activations_scale_with_active_parameters():
@@ -398,11 +402,12 @@ def test_every_refusal_carries_figures_and_shapes_the_planner_accepts():
 
 
 def test_refusal_names_the_setting_that_fits_this_host():
+    # vLLM's second startup check (vllm#49064): more sequences than Mamba cache blocks
     with pytest.raises(PlanError) as e:
-        make_plan("h", FLEET["h100x1"], {"model": "nemotron-3-nano-bf16"})
-    assert "needs 74.4 GiB per GPU even at TP1" in str(e.value)
-    assert "on this host it fits with max_num_seqs: 128" in str(e.value)
-    p = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3-nano-bf16", "max_num_seqs": 128})
+        make_plan("h", FLEET["h100x1"], {"model": "nemotron-3-nano-bf16", "max_num_seqs": 1024})
+    assert "max_num_seqs 1024 exceeds the 788 Mamba cache blocks its 9.6 GiB cache pool per GPU holds" in str(e.value)
+    assert "on this host it fits with max_num_seqs: 512" in str(e.value)
+    p = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3-nano-bf16", "max_num_seqs": 512})
     assert p.instances[0].memory.fits
 
 
@@ -468,7 +473,7 @@ def test_plan_facts_super_vl_on_4x_a100_keeps_the_card_reserve_and_names_the_saf
     w = warned[0]
     assert "320.0 GiB (344 GB) of GPU memory per instance, below the 372.5 GiB (400 GB) its card calls the safe line" in w
     assert "the card's 15% activation reserve (8.1 GiB per GPU)" in w
-    assert "each instance holds 8 full 262144-token sequences at once (64.6/72.0 GiB per GPU) for max_num_seqs 32" in w
+    assert "each instance holds 9 full 262144-token sequences at once (63.2/72.0 GiB per GPU) for max_num_seqs 32" in w
     assert "8x A100 80 GiB holds the safe line" in w
     p = make_plan("h", FLEET["a100x4"], VL)
     (i,) = p.instances
@@ -496,7 +501,7 @@ def test_super_vl_on_3x_b200_plans_tp2_on_two_gpus_and_says_why_the_third_is_idl
     assert (i.tp, [g.index for g in i.gpus], p.excluded_gpus) == (2, [0, 1], [2])
     assert i.ep and "--tensor-parallel-size 2" in " ".join(i.args)
     c = p.choices[0]
-    assert "3x B200 179 GiB: 1 x TP2" in c and "TP1 does not fit (297.9/161.2 GiB per GPU)" in c
+    assert "3x B200 179 GiB: 1 x TP2" in c and "TP1 does not fit (250.6/161.2 GiB per GPU)" in c
     assert ("GPU 2 stays idle: 3 GPUs are not a multiple of TP2, TP takes 1, 2, 4 or 8 GPUs and the instances on "
             "one GPU model share one TP, and no smaller TP fits") in c
     # 2x B200 (358 GiB, 385 GB) is below the 400 GB line: planned with the card's reserve, and said so
@@ -544,7 +549,7 @@ def test_refusal_shapes_follow_the_reserve_and_include_the_hosts_own_class_small
         make_plan("h", FLEET["h100x1"], VL)
     text = str(e.value)
     shapes = re.findall(r"(\d)x ([A-Z]\d+[SG]? \d+ GiB) \(TP\d", text)
-    assert ("8", "H100 80 GiB") in shapes  # the host's own class at a larger count
+    assert ("4", "H100 80 GiB") in shapes  # the host's own class at a larger count
     totals = [int(c) * _SHAPES[label].memory_mib for c, label in shapes]
     assert totals == sorted(totals)
     for count, label in shapes:  # each plans with the same rule (the card's reserve)
@@ -686,3 +691,99 @@ def test_every_sm12x_and_unified_memory_line_parses_in_its_version():
                         parser.parse_args(inst.args)
                         assert not {"humming", "horizontal", "flashinfer_cutlass"} & set(inst.args)
     assert planned >= 20
+
+
+def test_seed_003_h100_recipe_as_vllm_runs_it_plans():
+    """Issue 37 point 1: the day-one post's 1x H100 line as vLLM runs it (no --max-model-len: the
+    model's 1048576; vLLM's default --gpu-memory-utilization 0.92) passes vLLM's startup checks."""
+    p = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1_048_576,
+                                         "gpu_memory_utilization": 0.92})
+    (i,) = p.instances
+    m = i.memory
+    assert i.tp == 1 and i.max_num_seqs == 256 and m.fits and m.full_context_seqs == 1
+    assert m.need == m.weights + m.reserve + m.kv + m.mamba_seq * m.mamba_blocks  # one request, not 256 states
+    assert m.mamba_blocks == 2  # --mamba-cache-mode align keeps two state blocks per request
+    assert m.cache_blocks >= 256
+    assert "1 full 1048576-token sequence at once" in p.choices[0]
+    # the default plan's departure hint leads to this plan, not into a refusal
+    hint = [d for d in make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16"}).departures
+            if d.startswith("--max-model-len")]
+    assert hint and "max_model_len: 1048576 restores" in hint[0]
+    make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1_048_576})
+
+
+def test_super_vl_reserve_at_tp8_within_the_cards_15_to_25_percent():
+    for gpus in (FLEET["h200x8"], B200):
+        m = make_plan("h", gpus, VL).instances[0].memory
+        assert 0.15 <= m.reserve / m.weights <= 0.25
+
+
+# ---------------------------------------------------------------------------- the real parsers' tables (issue 37 point 2)
+
+def test_extra_args_accept_what_the_pinned_vllms_own_parser_accepts():
+    for image, extra in (("vllm/vllm-openai:v0.27.1", {"--enable-chunked-prefill": True}),
+                         ("vllm/vllm-openai:v0.32.0", {"--kv-cache-memory-bytes": 8 * 2**30}),
+                         ("vllm/vllm-openai:v0.32.0", {"--no-enable-prefix-caching": True}),
+                         ("vllm/vllm-openai:v0.32.0", {"--max-model-len": "128k"}),
+                         ("vllm/vllm-openai:v0.32.0", {"--hf-overrides": '{"rope_scaling": null}'})):
+        p = make_plan("h", FLEET["h100x1"], {"vllm_image": image, "vllm_extra_args": extra}
+                      if "--max-model-len" not in extra else {"vllm_image": image})
+        assert p.instances
+    assert "--enable-chunked-prefill" in make_plan("h", FLEET["h100x1"], {
+        "vllm_extra_args": {"--enable-chunked-prefill": True}}).instances[0].args
+
+
+@pytest.mark.parametrize("image,extra,sentence", [
+    # flags the hand table knew but the real 0.27.1 parser rejects
+    ("v0.27.1", {"--disable-log-requests": True}, "vLLM 0.27.1 has no flag --disable-log-requests (its parser: "
+                                                  "unrecognized arguments: --disable-log-requests)"),
+    ("v0.27.1", {"--linear-backend": "b12x"}, "--linear-backend 'b12x' is not one of vLLM 0.27.1's values"),
+    # by class, whatever the parser accepts (issue 40 point 6)
+    ("v0.32.0", {"--api-key": "x"}, "--api-key would put a secret on the command line"),
+    ("v0.32.0", {"--hf-token": "x"}, "set hf_token_file instead"),
+    ("v0.32.0", {"--middleware": "m.x"}, "--middleware loads code by name"),
+    ("v0.32.0", {"--worker-extension-cls": "m.X"}, "--worker-extension-cls loads code by name"),
+    ("v0.32.0", {"--uds": "/tmp/s"}, "--uds changes where the server listens"),
+    ("v0.32.0", {"--ssl-keyfile": "/k"}, "--ssl-keyfile changes where the server listens"),
+    # a value that is itself a flag
+    ("v0.32.0", {"--generation-config": "--enforce-eager"}, "'--enforce-eager' is a flag"),
+    ("v0.32.0", {"--generation-config": "-h"}, "'-h' is a flag"),
+    ("v0.32.0", {"--enforce-eager": "yes"}, "--enforce-eager is a switch in vLLM 0.32.0"),
+    ("v0.32.0", {"--block-size": "many"}, "invalid int value: 'many'"),
+])
+def test_extra_args_refused_in_the_parsers_words_or_by_class(image, extra, sentence):
+    with pytest.raises(PlanError) as e:
+        make_plan("h", FLEET["h100x1"], {"vllm_image": f"vllm/vllm-openai:{image}", "vllm_extra_args": extra})
+    assert sentence in str(e.value)
+
+
+def test_generated_tables_cover_the_real_parsers():
+    for version, at_least in (("0.27.1", 359), ("0.32.0", 406)):
+        table = vllm_flags.accepted(version)
+        assert table["version"] == version and table["generated_by"] == "tests/real_vllm/gen_args.py"
+        assert len({row["option"] for row in table["flags"].values()}) >= 280 and len(table["flags"]) >= at_least
+        assert "nemotron_v3" in table["reasoning_parsers"] and "qwen3_coder" in table["tool_parsers"]
+
+
+# ---------------------------------------------------------------------------- the image's CUDA (issue 40 point 5)
+
+def test_image_cuda_from_the_image_the_setting_or_the_table_with_a_warning():
+    from nemofleet import preflight
+
+    facts = {"gpus": {"driver": "570.133.20"}, "image": {}}
+    assert preflight.image_cuda({"image": {"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=12.9 brand=tesla"}}},
+                                "vllm/vllm-openai:v0.32.0", "13.0") == ("12.9", "image")
+    assert preflight.image_cuda(facts, "vllm/vllm-openai:v0.32.0", "12.8") == ("12.8", "setting")
+    refused, warned = preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0")
+    assert "vllm_image_cuda overrides the table" in warned[0]
+    assert "install the CUDA forward compatibility package (cuda-compat-13-0" in refused[0]
+    assert "or upgrade the NVIDIA driver" in refused[0]
+    assert preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0", "12.8") == ([], [])
+    v = vllm_flags.VERSIONS["0.32.0"]
+    try:
+        vllm_flags.VERSIONS["0.32.0"] = vllm_flags.VllmVersion("0.32.0", "", v.flags, v.reasoning_parsers, v.tool_parsers)
+        refused, _ = preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0")
+        assert refused == ["nemofleet cannot tell which CUDA vllm/vllm-openai:v0.32.0 needs (not pulled on this host, "
+                           "so no NVIDIA_REQUIRE_CUDA, and not in its version table); set vllm_image_cuda (e.g. 13.0)"]
+    finally:
+        vllm_flags.VERSIONS["0.32.0"] = v

@@ -151,13 +151,13 @@ def _plan_cli(tmp_path, capsys, inventory: str, facts) -> tuple[int, str]:
 
 def test_plan_from_a_facts_file_refuses_incomplete_facts_and_misspelt_groups(tmp_path, capsys):
     inv = ('model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "0123456789abcdef0123456789abcdef01234567"}\n'
-           'gpu_h200 = [("ok-1", {"vllm_api_key": "sk-nf-' + "a" * 32 + '"}), "nodocker-1"]\ngpu_h20 = ["typo-1"]\n')
+           'gpu_h200 = [("ok-1", {"vllm_api_key": "sk-nf-' + "a" * 32 + '"}), "nodocker-1"]\ngpu_h2000 = ["typo-1"]\n')
     no_docker = {k: v for k, v in ready().items() if k != "docker"}
     rc, out = _plan_cli(tmp_path, capsys, inv, {"ok-1": ready(), "nodocker-1": no_docker, "typo-1": ready()})
     assert rc == 1 and "Traceback" not in out
     assert "REFUSED" not in out.split("== nodocker-1")[0], out
     assert "REFUSED: the facts file's entry for nodocker-1 lacks docker: write it with" in out
-    assert "REFUSED: group gpu_h20 is not a GPU class (did you mean gpu_h200?)" in out
+    assert "REFUSED: group gpu_h2000 is not a GPU class (did you mean gpu_h200?)" in out
 
 
 def test_plan_refuses_what_the_deploy_refuses_a_host_without_an_api_key(tmp_path, capsys):
