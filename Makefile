@@ -25,6 +25,7 @@ demo: testbed
 	$(BIN)/pyinfra -y inventories/testbed.py deploys/nemotron.py
 	$(BIN)/nemofleet plan inventories/testbed.py
 	$(BIN)/nemofleet status inventories/testbed.py
+	$(BIN)/nemofleet smoke inventories/testbed.py
 
 # a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
 # end-to-end module from tests/e2e/conftest.py; the slowest tests at the end
