@@ -10,7 +10,7 @@ PREREQS := sh scripts/prereqs.sh
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,testbed]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -282,6 +282,12 @@ def cmd_testbed(a) -> int:
             return 2
     try:
         return _testbed(a)
+    except ModuleNotFoundError as exc:
+        if exc.name != "yaml":
+            raise
+        print("nemofleet: the testbed reads YAML profiles: install its extra (`pip install 'nemofleet[testbed]'`, "
+              "or `make venv`)", file=sys.stderr)
+        return 2
     except subprocess.CalledProcessError as exc:
         cmd = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd[:4]))
         print(f"nemofleet testbed {a.action}: `{cmd}` failed (exit {exc.returncode}); its output is above",
