@@ -149,25 +149,78 @@ def cmd_plan(a) -> int:
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
+    from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
+
+    # a warning that several hosts share is said once, after the hosts, naming them
+    warned: dict[str, list[str]] = {}
+    for name, r in result.items():
+        for w in r.get("warnings", []):
+            warned.setdefault(w, []).append(name)
+    # wrapped within WIDTH for a person at a terminal; piped (grep, files) and with -v each line whole
+    wrap = not a.verbose and sys.stdout.isatty()
+    say = _say if wrap else (lambda prefix, text: print(prefix + text))
     for name, r in result.items():
         print(f"== {name}")
         for s in r["refused"]:
-            print(f"   REFUSED: {s}")
+            say("   REFUSED: ", s)
         for w in r.get("warnings", []):
-            print(f"   warning: {w}")
+            if len(warned[w]) == 1:
+                say("   warning: ", w)
+        n_shared = sum(len(warned[w]) > 1 for w in r.get("warnings", []))
+        if n_shared:
+            print(f"   warnings: {n_shared} shared with other hosts, said once below")
         p = r.get("plan")
         if not p or r["refused"]:
             continue
-        from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
-
         for line in lines(p):
-            print(f"   {line}")
+            if wrap and line.startswith("flags"):
+                for part in _flag_lines(line):
+                    print(f"   {part}")
+            else:
+                say("   ", line)
+    shared = {w: hosts for w, hosts in warned.items() if len(hosts) > 1}
+    if shared:
+        print("== warnings shared by several hosts (said once)")
+        for w, hosts in shared.items():
+            say("   ", f"warning ({'every host' if len(hosts) == len(result) else ', '.join(hosts)}): {w}")
     if fan_lines:
         print("== weights fan-out of a converge of these hosts (a rollout decides again before each batch, "
               "from the hosts that hold the model then; docs/fanout.md)")
         for line in fan_lines:
             print(f"   {line}")
     return rc
+
+
+WIDTH = 120  # `nemofleet plan` text stays within this many columns (-v prints lines whole)
+VALUE_SHOWN = 40  # a flag value longer than this is shortened in the text (whole with -v or --json)
+
+
+def _say(prefix: str, text: str) -> None:
+    """Print `text` after `prefix`, wrapped at WIDTH, later lines indented under the first."""
+    import textwrap
+
+    print(textwrap.fill(text, WIDTH, initial_indent=prefix, subsequent_indent=" " * (len(prefix) + 2),
+                        break_long_words=False, break_on_hyphens=False))
+
+
+def _flag_lines(line: str) -> list[str]:
+    """A plan's `flags: --a 1 --b 2 ...` line as lines of whole flags within WIDTH, long values
+    (JSON configs) shortened with '...'."""
+    label, _, args = line.partition(": ")
+    words = args.split(" ")
+    groups: list[str] = []
+    for w in words:
+        if w.startswith("--") or not groups:
+            groups.append(w)
+        else:
+            groups[-1] += " " + (w if len(w) <= VALUE_SHOWN else w[:VALUE_SHOWN - 3] + "...")
+    out, cur = [], f"{label}:"
+    for g in groups:
+        if len(cur) + 1 + len(g) + 3 > WIDTH and cur.strip() != f"{label}:":
+            out.append(cur)
+            cur = " " * 4
+        cur += " " + g
+    return out + [cur]
 
 
 def _plan_fanout(datas: dict, facts: dict, groups: dict):
@@ -509,6 +562,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("inventory")
     p.add_argument("--limit", action="append", default=[])
     p.add_argument("--json", action="store_true", help="print the full plans as JSON")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each line whole at a terminal too (flag values unshortened, no wrapping at 120 columns; "
+                        "piped output is always whole)")
     p.add_argument("--facts", metavar="FILE",
                    help="plan from this facts JSON ({host: HostFacts}, as `pyinfra --json fact` writes it) instead "
                         "of reading the hosts (default: read them over SSH)")
