@@ -146,6 +146,9 @@ def cmd_plan(a) -> int:
             rc = 1
         result[name] = {"refused": d.refusals, "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
+        tiny = _tiny_checkpoint(f, result[name]["plan"])
+        if tiny:
+            result[name]["notes"] = [tiny]
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
@@ -172,7 +175,7 @@ def cmd_plan(a) -> int:
         p = r.get("plan")
         if not p or r["refused"]:
             continue
-        for line in lines(p):
+        for line in lines(p) + [f"note: {n}" for n in r.get("notes", [])]:
             if wrap and line.startswith("flags"):
                 for part in _flag_lines(line):
                     print(f"   {part}")
@@ -221,6 +224,29 @@ def _flag_lines(line: str) -> list[str]:
             cur = " " * 4
         cur += " " + g
     return out + [cur]
+
+
+def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
+    """A sentence when the weights the plan sized its memory from are the testbed's tiny stand-in
+    checkpoint (nemofleet.testbed.tinymodel marks its config.json with `nemofleet_tiny`): its few
+    GiB, not the real model's size, drive the GiB figures."""
+    from .models import host_dir_name, local_dir_name
+
+    if not plan or not isinstance(facts, dict) or not isinstance(facts.get("models"), dict):
+        return None
+    # the directory planning.checkpoint_meta reads: this commit's, else any of the same repo
+    repo = local_dir_name(plan["repo"])
+    dirs = [host_dir_name(plan["repo"], plan["revision"])] + sorted(
+        n for n in facts["models"] if isinstance(n, str) and n.split("@", 1)[0] == repo)
+    for d in dirs[:2] if dirs[0] not in facts["models"] else dirs[:1]:
+        meta = facts["models"].get(d)
+        cfg = meta.get("config") if isinstance(meta, dict) else None
+        if isinstance(cfg, dict) and cfg.get("nemofleet_tiny"):
+            size = meta.get("total_size")
+            size = f"{size / 1024**3:.1f} GiB" if isinstance(size, (int, float)) else "a few GiB"
+            return (f"the weights on this host are the testbed's tiny checkpoint ({size}), not {plan['repo']}: "
+                    "the memory figures use its size")
+    return None
 
 
 def _plan_fanout(datas: dict, facts: dict, groups: dict):

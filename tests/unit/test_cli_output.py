@@ -77,3 +77,17 @@ def test_the_deploy_says_a_long_warning_once_per_run(monkeypatch):
     assert ("h2", "preflight warning: as said above for h1 (NVFP4 weights on this GPU run through a slower path: xxxxxxx...)") in said  # its first 60 characters
     assert [t for n, t in said if n == "h3"][1] == "preflight warning: short note"
     assert sum(long in t for _, t in said) == 1
+
+
+def test_the_testbeds_tiny_checkpoint_is_named_where_its_size_drives_the_figures():
+    from nemofleet.models import host_dir_name
+
+    plan = {"repo": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", "revision": "a" * 40}
+    meta = {"complete": True, "total_size": 3.4 * 1024**3, "config": {"nemofleet_tiny": "base"}}
+    facts = {"models": {host_dir_name(plan["repo"], plan["revision"]): meta}}
+    assert cli._tiny_checkpoint(facts, plan) == (
+        "the weights on this host are the testbed's tiny checkpoint (3.4 GiB), not "
+        "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4: the memory figures use its size")
+    meta["config"] = {"architectures": ["NemotronHForCausalLM"]}  # a real checkpoint: nothing said
+    assert cli._tiny_checkpoint(facts, plan) is None
+    assert cli._tiny_checkpoint({"models": "junk"}, plan) is None and cli._tiny_checkpoint(facts, None) is None
