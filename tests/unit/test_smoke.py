@@ -203,3 +203,17 @@ def test_parse_every_kind_of_answer():
     odd = p("h", 0, f'{{"object": "list"}}\n{m} http 200 0.1 instance 127.0.0.1:8000')
     assert odd.error.startswith("HTTP 200 from instance 127.0.0.1:8000 but not a chat completion")
     assert p("h", 0, f"{m} http nope").error.startswith("unexpected marker line")
+
+
+@needs_curl
+def test_through_pyinfras_exec_as_the_command_sends_it(tmp_path, server):
+    """The same path as `nemofleet smoke` (driver.exec_all: `pyinfra INVENTORY exec -- sh -c ...`),
+    with pyinfra's @local connector instead of SSH: the here-document and marker survive it."""
+    from nemofleet.fleet import driver
+
+    (tmp_path / "api-auth.header").write_text(f"Authorization: Bearer {KEY}\n")
+    (tmp_path / "nemofleet-health").write_text(health_script(server.port))
+    e = driver.exec_all("@local", ["@local"], host_script(tmp_path, smoke.script(HOSTILE)), timeout=60)["@local"]
+    a = smoke.parse("@local", e.rc, e.text, e.reachable)
+    assert a.ok, (a, e.text)
+    assert server.bodies[0]["messages"][0]["content"] == HOSTILE
