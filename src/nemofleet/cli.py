@@ -404,18 +404,22 @@ def _testbed(a) -> int:
 
 
 def _data(pairs: list[str]) -> dict:
+    """--data KEY=VALUE pairs; a malformed pair or a secret is one sentence and exit 2."""
+    from . import settings
+
+    def refuse(why: str):
+        print(f"nemofleet: {why}", file=sys.stderr)
+        raise SystemExit(2)
+
     out = {}
     for pair in pairs:
         k, sep, v = pair.partition("=")
-        if not sep:
-            sys.exit(f"--data {pair!r} must be KEY=VALUE")
-        from . import settings
-
+        if not sep or not k:
+            refuse(f"--data {pair!r} must be KEY=VALUE (e.g. --data vllm_image=vllm/vllm-openai:v0.27.1)")
         if k in settings.BY_NAME and settings.BY_NAME[k].secret:
-            sys.exit(f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
-                     f"set {k}_file in group data instead" if k + "_file" in settings.BY_NAME else
-                     f"nemofleet: --data {k}=... would put a secret on pyinfra's command line (readable in ps); "
-                     "set it in group data instead")
+            refuse(f"--data {k}=... would put a secret on pyinfra's command line (readable in ps); "
+                   + (f"set {k}_file in group data instead" if k + "_file" in settings.BY_NAME else
+                      "set it in group data instead"))
         out[k] = v
     return out
 

@@ -155,3 +155,13 @@ def test_smoke_prints_a_line_per_host_and_fails_when_one_fails(capsys, inv, monk
     assert err == "smoke: 1 of 2 host(s) did not answer: h2\n"
     rc, out, _ = run(capsys, "smoke", inv, "--json")
     assert rc == 1 and json.loads(out)[0]["words"] == "391."
+
+
+def test_data_values_are_one_sentence_and_exit_2(capsys, inv, monkeypatch):
+    from nemofleet.fleet import rollout
+
+    monkeypatch.setattr(rollout, "rollout", lambda *a, **k: pytest.fail("must not run"))
+    rc, _, err = run(capsys, "rollout", inv, "--data", "novalue")
+    assert rc == 2 and err.startswith("nemofleet: --data 'novalue' must be KEY=VALUE") and len(err.splitlines()) == 1
+    rc, _, err = run(capsys, "rollout", inv, "--data", "vllm_api_key=sk-secret")
+    assert rc == 2 and "would put a secret on pyinfra's command line" in err and "sk-secret" not in err
