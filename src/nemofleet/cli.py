@@ -409,13 +409,15 @@ def _data(pairs: list[str]) -> dict:
 
     def refuse(why: str):
         print(f"nemofleet: {why}", file=sys.stderr)
-        raise SystemExit(2)
+        exc = SystemExit(f"nemofleet: {why}")  # the sentence stays readable on the exception
+        exc.code = 2  # usage: exit 2 (the sentence is printed above)
+        raise exc
 
     out = {}
     for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep or not k:
-            refuse(f"--data {pair!r} must be KEY=VALUE (e.g. --data vllm_image=vllm/vllm-openai:v0.27.1)")
+            refuse(f"--data {pair!r} must be KEY=VALUE (e.g. --data model=nemotron-3-nano-bf16)")
         if k in settings.BY_NAME and settings.BY_NAME[k].secret:
             refuse(f"--data {k}=... would put a secret on pyinfra's command line (readable in ps); "
                    + (f"set {k}_file in group data instead" if k + "_file" in settings.BY_NAME else
