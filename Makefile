@@ -3,26 +3,33 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export PYINFRA_PROGRESS := off
 
-.PHONY: venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args down status plan bench clean settings-doc
+# every prerequisite checked first (as root on Debian/Ubuntu: installed, and the engine started)
+PREREQS := sh scripts/prereqs.sh
+
+.PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args down status plan bench clean settings-doc
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,testbed]'
 	touch $@
 
 venv: $(VENV)/.installed
 
-testbed: venv
+prereqs:
+	@$(PREREQS)
+
+testbed: prereqs venv
 	$(BIN)/nemofleet testbed up
 
 demo: testbed
 	$(BIN)/pyinfra -y inventories/testbed.py deploys/nemotron.py
 	$(BIN)/nemofleet plan inventories/testbed.py
 	$(BIN)/nemofleet status inventories/testbed.py
+	$(BIN)/nemofleet smoke inventories/testbed.py
 
 # a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
 # end-to-end module from tests/e2e/conftest.py; the slowest tests at the end
-test:
+test: prereqs
 	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
 	$(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e
 

@@ -43,18 +43,63 @@ def host_data(inventory: str, limit: list[str]) -> dict:
         raise SystemExit(2) from None
 
 
+MAX_FACTS_BYTES = 64 << 20  # a facts file of a large fleet is a few MiB
+MAX_FACTS_DEPTH = 64  # HostFacts nests a handful of levels
+
+
+def _json_depth(value) -> int:
+    """How deeply lists and objects nest (iterative: a hostile file cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_FACTS_DEPTH:
+                break
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _facts_file(path: str) -> dict:
-    """{host: HostFacts} from a file; one sentence and exit 2 when it cannot be read."""
-    try:
-        with open(path) as f:
-            facts = json.load(f)
-    except (OSError, ValueError) as exc:
-        print(f"nemofleet: cannot read the facts file {path}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not isinstance(facts, dict):
-        print(f"nemofleet: the facts file {path} must map host names to their facts", file=sys.stderr)
+    """{host: HostFacts} from a file; one sentence and exit 2 when it cannot be read. Only a regular
+    file of at most MAX_FACTS_BYTES is read (a FIFO or device is refused from its stat, never
+    opened), and JSON nested more than MAX_FACTS_DEPTH deep is refused."""
+    import stat
+
+    def refuse(why: str):
+        print(f"nemofleet: cannot read the facts file {path}: it {why}", file=sys.stderr)
         raise SystemExit(2)
-    return facts.get("nemofleet.facts.host.HostFacts", facts)  # as `pyinfra --json fact` writes it
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        refuse("does not exist: no such file")
+    except OSError as exc:
+        refuse(f"cannot be read: {exc.strerror}")
+    if not stat.S_ISREG(st.st_mode):
+        refuse("is not a regular file (a directory, FIFO or device): give the JSON file `pyinfra --json fact` wrote")
+    if st.st_size > MAX_FACTS_BYTES:
+        refuse(f"is {st.st_size} bytes, more than the {MAX_FACTS_BYTES} a facts file may be: is it the right file?")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FACTS_BYTES + 1)
+        facts = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        refuse(f"cannot be read: {exc.strerror}")
+    except UnicodeDecodeError as exc:
+        refuse(f"is not UTF-8 text (byte {exc.start}): it must be JSON")
+    except RecursionError:
+        refuse(f"nests deeper than {MAX_FACTS_DEPTH} levels: it is not what HostFacts writes")
+    except ValueError as exc:
+        refuse(f"is not JSON ({exc})")
+    if _json_depth(facts) > MAX_FACTS_DEPTH:
+        refuse(f"nests deeper than {MAX_FACTS_DEPTH} levels: it is not what HostFacts writes")
+    if not isinstance(facts, dict):
+        refuse("must map host names to their facts")
+    facts = facts.get("nemofleet.facts.host.HostFacts", facts)  # as `pyinfra --json fact` writes it
+    if not isinstance(facts, dict):
+        refuse("must map host names to their facts")
+    return facts
 
 
 def cmd_plan(a) -> int:
@@ -101,28 +146,107 @@ def cmd_plan(a) -> int:
             rc = 1
         result[name] = {"refused": d.refusals, "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
+        tiny = _tiny_checkpoint(f, result[name]["plan"])
+        if tiny:
+            result[name]["notes"] = [tiny]
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
+    from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
+
+    # a warning that several hosts share is said once, after the hosts, naming them
+    warned: dict[str, list[str]] = {}
+    for name, r in result.items():
+        for w in r.get("warnings", []):
+            warned.setdefault(w, []).append(name)
+    # wrapped within WIDTH for a person at a terminal; piped (grep, files) and with -v each line whole
+    wrap = not a.verbose and sys.stdout.isatty()
+    say = _say if wrap else (lambda prefix, text: print(prefix + text))
     for name, r in result.items():
         print(f"== {name}")
         for s in r["refused"]:
-            print(f"   REFUSED: {s}")
+            say("   REFUSED: ", s)
         for w in r.get("warnings", []):
-            print(f"   warning: {w}")
+            if len(warned[w]) == 1:
+                say("   warning: ", w)
+        n_shared = sum(len(warned[w]) > 1 for w in r.get("warnings", []))
+        if n_shared:
+            print(f"   warnings: {n_shared} shared with other hosts, said once below")
         p = r.get("plan")
         if not p or r["refused"]:
             continue
-        from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
-
-        for line in lines(p):
-            print(f"   {line}")
+        for line in lines(p) + [f"note: {n}" for n in r.get("notes", [])]:
+            if wrap and line.startswith("flags"):
+                for part in _flag_lines(line):
+                    print(f"   {part}")
+            else:
+                say("   ", line)
+    shared = {w: hosts for w, hosts in warned.items() if len(hosts) > 1}
+    if shared:
+        print("== warnings shared by several hosts (said once)")
+        for w, hosts in shared.items():
+            say("   ", f"warning ({'every host' if len(hosts) == len(result) else ', '.join(hosts)}): {w}")
     if fan_lines:
         print("== weights fan-out of a converge of these hosts (a rollout decides again before each batch, "
               "from the hosts that hold the model then; docs/fanout.md)")
         for line in fan_lines:
             print(f"   {line}")
     return rc
+
+
+WIDTH = 120  # `nemofleet plan` text stays within this many columns (-v prints lines whole)
+VALUE_SHOWN = 40  # a flag value longer than this is shortened in the text (whole with -v or --json)
+
+
+def _say(prefix: str, text: str) -> None:
+    """Print `text` after `prefix`, wrapped at WIDTH, later lines indented under the first."""
+    import textwrap
+
+    print(textwrap.fill(text, WIDTH, initial_indent=prefix, subsequent_indent=" " * (len(prefix) + 2),
+                        break_long_words=False, break_on_hyphens=False))
+
+
+def _flag_lines(line: str) -> list[str]:
+    """A plan's `flags: --a 1 --b 2 ...` line as lines of whole flags within WIDTH, long values
+    (JSON configs) shortened with '...'."""
+    label, _, args = line.partition(": ")
+    words = args.split(" ")
+    groups: list[str] = []
+    for w in words:
+        if w.startswith("--") or not groups:
+            groups.append(w)
+        else:
+            groups[-1] += " " + (w if len(w) <= VALUE_SHOWN else w[:VALUE_SHOWN - 3] + "...")
+    out, cur = [], f"{label}:"
+    for g in groups:
+        if len(cur) + 1 + len(g) + 3 > WIDTH and cur.strip() != f"{label}:":
+            out.append(cur)
+            cur = " " * 4
+        cur += " " + g
+    return out + [cur]
+
+
+def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
+    """A sentence when the weights the plan sized its memory from are the testbed's tiny stand-in
+    checkpoint (nemofleet.testbed.tinymodel marks its config.json with `nemofleet_tiny`): its few
+    GiB, not the real model's size, drive the GiB figures."""
+    from .models import host_dir_name, local_dir_name
+
+    if not plan or not isinstance(facts, dict) or not isinstance(facts.get("models"), dict):
+        return None
+    # the directory planning.checkpoint_meta reads: this commit's, else any of the same repo
+    repo = local_dir_name(plan["repo"])
+    dirs = [host_dir_name(plan["repo"], plan["revision"])] + sorted(
+        n for n in facts["models"] if isinstance(n, str) and n.split("@", 1)[0] == repo)
+    for d in dirs[:2] if dirs[0] not in facts["models"] else dirs[:1]:
+        meta = facts["models"].get(d)
+        cfg = meta.get("config") if isinstance(meta, dict) else None
+        if isinstance(cfg, dict) and cfg.get("nemofleet_tiny"):
+            size = meta.get("total_size")
+            size = f"{size / 1024**3:.1f} GiB" if isinstance(size, (int, float)) else "a few GiB"
+            return (f"the weights on this host are the testbed's tiny checkpoint ({size}), not {plan['repo']}: "
+                    "the memory figures use its size")
+    return None
 
 
 def _plan_fanout(datas: dict, facts: dict, groups: dict):
@@ -186,6 +310,24 @@ def cmd_status(a) -> int:
     return rc
 
 
+def cmd_smoke(a) -> int:
+    """One chat completion per host, asked on the host (nemofleet.fleet.smoke); exit 1 when any fails."""
+    from .fleet import smoke
+
+    answers, rc = _fleet(smoke.smoke, "smoke", a.inventory, a.limit, a.prompt, a.max_tokens)
+    if answers is None:
+        return rc
+    if a.json:
+        print(json.dumps([x.to_dict() for x in answers], indent=2))
+    else:
+        for line in smoke.table(answers):
+            print(line)
+    failed = [x.host for x in answers if not x.ok]
+    if failed:
+        print(f"smoke: {len(failed)} of {len(answers)} host(s) did not answer: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_settings(a) -> int:
     """Every host-data key with its type, default and meaning (generated from settings.py)."""
     from . import settings
@@ -203,7 +345,40 @@ def cmd_models(a) -> int:
     return 0
 
 
+# what building and starting the testbed runs (scripts/prereqs.sh checks these and more, and installs them)
+TESTBED_TOOLS = ("docker", "debootstrap", "ssh", "ssh-keygen", "rsync", "dpkg-scanpackages", "gpg")
+
+
 def cmd_testbed(a) -> int:
+    import shutil
+    import subprocess
+
+    if a.action in ("up", "recreate"):
+        missing = [t for t in TESTBED_TOOLS if not shutil.which(t)]
+        if missing:
+            print(f"nemofleet: the testbed needs {', '.join(missing)}, not found on PATH: run `sh scripts/prereqs.sh` "
+                  "(as root on Debian/Ubuntu it installs them) or `make demo`", file=sys.stderr)
+            return 2
+    try:
+        return _testbed(a)
+    except ModuleNotFoundError as exc:
+        if exc.name != "yaml":
+            raise
+        print("nemofleet: the testbed reads YAML profiles: install its extra (`pip install 'nemofleet[testbed]'`, "
+              "or `make venv`)", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        cmd = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd[:4]))
+        print(f"nemofleet testbed {a.action}: `{cmd}` failed (exit {exc.returncode}); its output is above",
+              file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"nemofleet testbed {a.action}: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}",
+              file=sys.stderr)
+        return 1
+
+
+def _testbed(a) -> int:
     from . import testbed
 
     if a.action == "up":
@@ -229,16 +404,23 @@ def cmd_testbed(a) -> int:
 
 
 def _data(pairs: list[str]) -> dict:
+    """--data KEY=VALUE pairs; a malformed pair or a secret is one sentence and exit 2."""
+    from . import settings
+
+    def refuse(why: str):
+        print(f"nemofleet: {why}", file=sys.stderr)
+        exc = SystemExit(f"nemofleet: {why}")  # the sentence stays readable on the exception
+        exc.code = 2  # usage: exit 2 (the sentence is printed above)
+        raise exc
+
     out = {}
     for pair in pairs:
         k, sep, v = pair.partition("=")
-        if not sep:
-            sys.exit(f"--data {pair!r} must be KEY=VALUE")
-        from . import settings
-
+        if not sep or not k:
+            refuse(f"--data {pair!r} must be KEY=VALUE (e.g. --data model=nemotron-3-nano-bf16)")
         why = settings.command_line_secret(k)
         if why:
-            sys.exit(f"nemofleet: {why}")
+            refuse(why)
         out[k] = v
     return out
 
@@ -353,29 +535,81 @@ def cmd_rebuild(a) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="nemofleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("testbed", help="the local testbed of simulated GPU hosts")
-    t.add_argument("action", choices=["up", "down", "status", "recreate", "gpu-fault"])
-    t.add_argument("hosts", nargs="*")
-    t.add_argument("--profile", default="default")
-    t.set_defaults(fn=cmd_testbed)
-    p = sub.add_parser("plan", help="print the serving plan per host (read-only)")
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the descriptions' line breaks and shows each option's default when its help does not
+    already say it ("none" for an option that is absent unless given; flags are off unless given)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if not action.option_strings or "default" in text or default is argparse.SUPPRESS:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text  # a flag: off unless given
+        if default is None or default == [] or default == "":
+            return text + " (default: none)"
+        return text + " (default: %(default)s)"
+
+
+# help of the options several commands share, given where a command left it out
+COMMON_HELP = {
+    "inventory": "the pyinfra inventory file (e.g. inventories/testbed.py)",
+    "limit": "only this host or group (a glob on host names); repeat for more (default: every host)",
+    "wait": "seconds each host may take to start serving",
+    "message": "a note recorded with the lock and in each host's audit log",
+    "data": "KEY=VALUE host data for this run, as pyinfra's --data (repeatable; secrets refused)",
+    "json": "print JSON instead of text",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("nemofleet")
+    except PackageNotFoundError:
+        return __version__
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="nemofleet", formatter_class=_Formatter,
+        description="nemofleet: NVIDIA Nemotron models on vLLM across GPU fleets, provisioned with pyinfra.\n"
+                    "The deploy itself is `pyinfra INVENTORY deploys/nemotron.py`; these commands plan, check and\n"
+                    "roll it out. `nemofleet COMMAND --help` shows a command's options.",
+        epilog="First time here: `make demo` (README.md, Set up).")
+    ap.add_argument("--version", action="version", version=f"nemofleet {_version()}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
+
+    def add(name: str, help: str, fn, description: str | None = None):
+        p = sub.add_parser(name, help=help, description=description or help[0].upper() + help[1:] + ".",
+                           formatter_class=_Formatter)
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("plan", "print the serving plan per host, read-only (what the deploy would apply)", cmd_plan)
     p.add_argument("inventory")
     p.add_argument("--limit", action="append", default=[])
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--facts", help="facts JSON ({host: HostFacts}) instead of reading the hosts")
-    p.set_defaults(fn=cmd_plan)
-    s = sub.add_parser("status", help="release, units and health per host")
+    p.add_argument("--json", action="store_true", help="print the full plans as JSON")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="print each line whole at a terminal too (flag values unshortened, no wrapping at 120 columns; "
+                        "piped output is always whole)")
+    p.add_argument("--facts", metavar="FILE",
+                   help="plan from this facts JSON ({host: HostFacts}, as `pyinfra --json fact` writes it) instead "
+                        "of reading the hosts (default: read them over SSH)")
+    s = add("status", "release, drift from the inventory's plan, units, health and weights per host", cmd_status)
     s.add_argument("inventory")
     s.add_argument("--limit", action="append", default=[])
-    s.set_defaults(fn=cmd_status)
-    st = sub.add_parser("settings", help="every host-data key, its type, default and meaning")
-    st.add_argument("--markdown", action="store_true", help="the README's table")
-    st.set_defaults(fn=cmd_settings)
-    m = sub.add_parser("models", help="the model catalog")
-    m.set_defaults(fn=cmd_models)
+    sm = add("smoke", "one chat completion per host (first words, tokens, latency); exit 1 when any fails", cmd_smoke,
+             "One chat completion per host, asked on the host over SSH through its front door or first instance;\n"
+             "the API key is read on the host from its 0600 file and never put on a command line.")
+    sm.add_argument("inventory")
+    sm.add_argument("--limit", action="append", default=[])
+    sm.add_argument("--prompt", default="What is 17*23? Answer in one sentence.", help="the user message to send")
+    sm.add_argument("--max-tokens", type=int, default=512, help="the completion's max_tokens (reasoning included)")
+    sm.add_argument("--json", action="store_true", help="print each host's answer as JSON")
     ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"
     r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
     r.add_argument("inventory")
@@ -394,27 +628,88 @@ def main(argv=None) -> int:
     rb.add_argument("--wait", type=_seconds, default=1200)
     rb.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rb.set_defaults(fn=cmd_rollback)
-    lk = sub.add_parser("lock", help="the deploy lock on each host")
-    lk.add_argument("action", choices=["status", "acquire", "release"])
+    lk = add("lock", "show, take or release the deploy lock on each host", cmd_lock)
+    lk.add_argument("action", choices=["status", "acquire", "release"], help="what to do with the lock")
     lk.add_argument("inventory")
     lk.add_argument("--limit", action="append", default=[])
     lk.add_argument("--message", default="")
     lk.add_argument("--force", action="store_true", help="release a lock held by someone else")
     lk.add_argument("--lock-ttl", default="2h", help=ttl_help)
-    lk.set_defaults(fn=cmd_lock)
-    rd = sub.add_parser("rebuild", help="disaster recovery: reinstalled host back to serving")
+    rd = add("rebuild", "disaster recovery: a reinstalled host back to serving", cmd_rebuild)
     rd.add_argument("inventory")
-    rd.add_argument("host")
+    rd.add_argument("host", help="the reinstalled host (one host of the inventory)")
     rd.add_argument("--accept-new-host-key", action="store_true", help="replace a changed SSH host key")
     rd.add_argument("--expect-host-key", metavar="SHA256:...",
-                    help="the fingerprint the new host key must have (read on the host's console)")
+                    help="the fingerprint the new host key must have, read on the host's console (default: none)")
     rd.add_argument("--yes", action="store_true", help="trust a new host key without an expected fingerprint")
     rd.add_argument("--wait", type=_seconds, default=1200)
     rd.add_argument("--data", action="append", default=[])
     rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
-    rd.set_defaults(fn=cmd_rebuild)
+    st = add("settings", "every host-data key with its type, default and meaning", cmd_settings)
+    st.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    add("models", "the model catalog: repository, precision, size, parsers", cmd_models)
+    t = add("testbed", "the local testbed of simulated GPU hosts (make demo starts it)", cmd_testbed)
+    t.add_argument("action", choices=["up", "down", "status", "recreate", "gpu-fault"],
+                   help="up: build and start; down: remove; status: list; recreate HOST...: a fresh host; "
+                        "gpu-fault HOST GPU KIND: a simulated GPU fault")
+    t.add_argument("hosts", nargs="*", help="host names (up: only these; recreate, gpu-fault: which)")
+    t.add_argument("--profile", default="default", help="the testbed profile (src/nemofleet/testbed/profiles)")
+    for sp in sub.choices.values():  # shared options keep one wording (and every option has a help)
+        for action in sp._actions:
+            if action.help is None and action.dest in COMMON_HELP:
+                action.help = COMMON_HELP[action.dest]
+            if sp.formatter_class is not _Formatter:
+                sp.formatter_class = _Formatter
+    return ap
+
+
+# the commands whose INVENTORY argument is checked before they run
+def _inventory_problem(inventory: str) -> str | None:
+    """One sentence when the inventory cannot be loaded (no such file, a directory, not UTF-8,
+    an inventory or group data file that raises), None when it loads."""
+    from . import inventory as inv
+    from .fleet import driver
+
+    why = inv.file_problem(inventory)
+    if why:
+        return why
+    if not inv.names_a_file(inventory):
+        return None
+    try:
+        driver._inventory(inventory)
+    except SystemExit as exc:  # an inventory that stops itself (the testbed's: "not up") says why
+        return str(exc.code) if isinstance(exc.code, str) else f"the inventory {inventory} exited ({exc.code})"
+    except Exception as exc:
+        return inv.load_problem(inventory, exc)
+    return None
+
+
+def main(argv=None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
-    return a.fn(a)
+    if not getattr(a, "fn", None):  # `nemofleet` alone: what it can do
+        ap.print_help()
+        return 2
+    try:
+        if getattr(a, "inventory", None) is not None:
+            why = _inventory_problem(a.inventory)
+            if why:
+                print(why if why.startswith("nemofleet") else f"nemofleet: {why}", file=sys.stderr)
+                return 2
+        return a.fn(a)
+    except KeyboardInterrupt:
+        print("nemofleet: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `nemofleet plan ... | head`
+        return 0
+    except Exception as exc:  # a last resort: the known classes are handled where they arise
+        try:
+            text = " ".join(str(exc).split())[:300]
+        except Exception:
+            text = ""
+        print(f"nemofleet {a.cmd}: unexpected {type(exc).__name__}{': ' + text if text else ''} "
+              "(a bug: please report it with the command that caused it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

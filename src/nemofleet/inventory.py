@@ -102,3 +102,79 @@ def checked(namespace: dict) -> None:
     why = problem(namespace, sys.argv, os.path.relpath(namespace.get("__file__") or "the inventory"))
     if why:
         raise SystemExit(f"nemofleet: {why}")
+
+
+# ---------------------------------------------------------------- the nemofleet commands' inventory argument
+
+MAX_INVENTORY_BYTES = 4 << 20  # an inventory is a short Python file; more is a wrong path
+
+
+def names_a_file(inventory: str) -> bool:
+    """Whether the argument is meant as an inventory file (pyinfra also takes host names and
+    connectors such as `web1,web2` or `@docker/...`): a name ending in .py, a path, or a file."""
+    return inventory.endswith(".py") or os.sep in inventory or os.path.lexists(inventory)
+
+
+def file_problem(inventory: str) -> str | None:
+    """One sentence when the inventory file cannot be read as Python source, None when it can (or
+    when the argument names hosts rather than a file). Never blocks: a FIFO or a device is
+    refused from its stat, before any read."""
+    import stat
+
+    if not names_a_file(inventory):
+        return None
+    try:
+        st = os.stat(inventory)
+    except FileNotFoundError:
+        return f"{inventory}: no such file (an inventory is a Python file, e.g. inventories/testbed.py)"
+    except OSError as exc:
+        return f"cannot read the inventory {inventory}: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"the inventory {inventory} is a directory: name the inventory's Python file in it"
+    if not stat.S_ISREG(st.st_mode):
+        return f"the inventory {inventory} is not a regular file: name the inventory's Python file"
+    if st.st_size > MAX_INVENTORY_BYTES:
+        return (f"the inventory {inventory} is {st.st_size} bytes, more than the {MAX_INVENTORY_BYTES >> 20} MiB "
+                "an inventory file may be: is it the right file?")
+    try:
+        with open(inventory, "rb") as f:
+            raw = f.read(MAX_INVENTORY_BYTES + 1)
+    except OSError as exc:
+        return f"cannot read the inventory {inventory}: {exc.strerror}"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        return f"the inventory {inventory} is not UTF-8 text (line {line}): save it as UTF-8"
+    if b"\0" in raw:
+        return f"the inventory {inventory} holds a NUL byte: it is not a Python file"
+    return None
+
+
+def load_problem(inventory: str, exc: BaseException) -> str:
+    """One sentence for an exception raised while pyinfra loaded the inventory and its group data
+    (pyinfra runs both as Python): the file, the line and the error, never a traceback."""
+    filename = getattr(exc, "filename", None)  # pyinfra_cli's UnexpectedExternalError: (exception, file)
+    inner = getattr(exc, "exception", None)
+    if isinstance(inner, BaseException) and isinstance(filename, str):
+        exc = inner
+    else:
+        filename = inventory
+    where = os.path.relpath(filename) if os.path.isabs(filename) else filename
+    line = None
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        line = exc.lineno
+        where = os.path.relpath(exc.filename) if exc.filename and os.path.isabs(exc.filename) else where
+    tb = exc.__traceback__ or getattr(exc, "_traceback", None)
+    while tb is not None:  # the last frame in that file: the line that raised
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(filename):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose str() itself raises
+        text = "(its message cannot be shown)"
+    text = " ".join(text.split())[:300]
+    what = "group data" if os.sep + "group_data" + os.sep in os.sep + where else "inventory"
+    return (f"the {what} {where}{f' line {line}' if line else ''} raised {type(exc).__name__}"
+            f"{': ' + text if text else ''}; fix that file")

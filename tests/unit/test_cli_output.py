@@ -1,0 +1,94 @@
+"""Output that reads: `nemofleet plan` wraps within 120 columns at a terminal (whole lines when
+piped or with -v), a warning several hosts share is said once, and the deploy's preflight says a
+long warning in full once per run, then points to it."""
+
+from __future__ import annotations
+
+import io
+
+from nemofleet import cli
+from test_plan import FLEET, VL, _facts_with, _plan_facts  # the plan-from-facts harness of test_plan
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def plan_text(tmp_path, monkeypatch, *argv_extra, tty=True):
+    hosts = {"a100-4": (_facts_with(FLEET["a100x4"]), VL), "a100-5": (_facts_with(FLEET["a100x4"]), VL)}
+    out = Tty() if tty else io.StringIO()
+    _plan_facts(tmp_path, monkeypatch, hosts)  # writes the inventory and facts file
+    monkeypatch.setattr("sys.stdout", out)
+    rc = cli.main(["plan", next(p.name for p in tmp_path.glob("inv_*.py")), "--facts", "facts.json", *argv_extra])
+    return rc, out.getvalue()
+
+
+def test_plan_at_a_terminal_stays_within_120_columns_and_says_a_shared_warning_once(tmp_path, monkeypatch):
+    rc, out = plan_text(tmp_path, monkeypatch)
+    assert rc == 0, out
+    assert max(len(line) for line in out.splitlines()) <= 120, out
+    assert out.count("its card calls the safe line") == 1
+    assert "== warnings shared by several hosts (said once)" in out
+    assert "warning (every host): " in out
+    # the GPU-class warning, the card's safe line and the image CUDA known only from the table (vllm_image_cuda)
+    assert out.count("   warnings: 3 shared with other hosts, said once below") == 2
+    assert any(line.startswith("   flags") for line in out.splitlines())
+
+
+def test_plan_piped_or_verbose_keeps_each_line_whole(tmp_path, monkeypatch):
+    rc, piped = plan_text(tmp_path, monkeypatch, tty=False)
+    flags = [line for line in piped.splitlines() if line.startswith("   flags")]
+    assert flags and all("..." not in line for line in flags)
+    rc, verbose = plan_text(tmp_path, monkeypatch, "-v")
+    assert [line for line in verbose.splitlines() if line.startswith("   flags")] == flags
+
+
+def test_flag_lines_keep_flags_whole_and_shorten_long_values():
+    line = "flags: " + " ".join(f"--flag-number-{i} {i}" for i in range(20)) + ' --speculative-config {"method":"mtp","num_speculative_tokens":3}'
+    parts = cli._flag_lines(line)
+    assert all(len(p) + 3 <= 120 for p in parts)
+    assert parts[0].startswith("flags: --flag-number-0 0") and parts[1].startswith("     --flag-number-")
+    assert parts[-1].endswith('--speculative-config {"method":"mtp","num_speculative_toke...')  # 37 characters of the value, then ...
+    assert " ".join(" ".join(parts).split()).count("--flag-number-") == 20
+
+
+def test_the_deploy_says_a_long_warning_once_per_run(monkeypatch):
+    from nemofleet.operations import preflight
+
+    said = []
+
+    class Host:
+        name = ""
+
+        def log(self, text, fn):
+            said.append((self.name, text))
+
+        def noop(self, text):
+            pass
+
+    h = Host()
+    monkeypatch.setattr(preflight, "host", h)
+    monkeypatch.setattr(preflight, "_SAID", {})
+    long = "NVFP4 weights on this GPU run through a slower path: " + "x" * 300
+    for name in ("h1", "h2", "h3"):
+        h.name = name
+        list(preflight.verdict._inner([], [long, "short note"]))
+    assert said[0] == ("h1", f"preflight warning: {long}")
+    assert ("h2", "preflight warning: as said above for h1 (NVFP4 weights on this GPU run through a slower path: xxxxxxx...)") in said  # its first 60 characters
+    assert [t for n, t in said if n == "h3"][1] == "preflight warning: short note"
+    assert sum(long in t for _, t in said) == 1
+
+
+def test_the_testbeds_tiny_checkpoint_is_named_where_its_size_drives_the_figures():
+    from nemofleet.models import host_dir_name
+
+    plan = {"repo": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", "revision": "a" * 40}
+    meta = {"complete": True, "total_size": 3.4 * 1024**3, "config": {"nemofleet_tiny": "base"}}
+    facts = {"models": {host_dir_name(plan["repo"], plan["revision"]): meta}}
+    assert cli._tiny_checkpoint(facts, plan) == (
+        "the weights on this host are the testbed's tiny checkpoint (3.4 GiB), not "
+        "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4: the memory figures use its size")
+    meta["config"] = {"architectures": ["NemotronHForCausalLM"]}  # a real checkpoint: nothing said
+    assert cli._tiny_checkpoint(facts, plan) is None
+    assert cli._tiny_checkpoint({"models": "junk"}, plan) is None and cli._tiny_checkpoint(facts, None) is None
