@@ -63,7 +63,8 @@ def load(clients: int) -> dict:
                 why = f"HTTP {exc.code}"
             except Exception as exc:  # noqa: BLE001 - every failure counts, with its reason
                 why = type(exc).__name__
-                time.sleep(0.2)  # a refused port: do not spin
+            if why:
+                time.sleep(0.2)  # a refused port or a draining instance: a client retries, it does not spin
             with lock:
                 out["requests"] += 1
                 if why:
@@ -157,6 +158,7 @@ def one_release(release: str, bake: float) -> dict:
         "canary_errors": {k: v for h in canary_hosts for k, v in done[h]["errors"].items()},
         "batches": doc.get("batches"), "hosts": {h: (v.get("from"), v.get("to"), v.get("result"))
                                                  for h, v in (doc.get("hosts") or {}).items()},
+        "log": r["log"],
     }
 
 
@@ -173,7 +175,7 @@ def main() -> int:
     for release in a.releases.split(","):
         res = one_release(release, a.bake)
         results.append(res)
-        print(json.dumps({k: v for k, v in res.items() if k not in ("batches",)}, indent=1), flush=True)
+        print(json.dumps({k: v for k, v in res.items() if k not in ("batches", "log")}, indent=1), flush=True)
         converge()  # back to the inventory's release for the next one
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "canary.json").write_text(json.dumps(results, indent=2))

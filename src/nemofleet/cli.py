@@ -448,7 +448,8 @@ def main(argv=None) -> int:
     r.add_argument("--slo-min-requests", type=int, default=50,
                    help="requests each side must serve in the bake before it is judged (default 50)")
     r.add_argument("--on-thin-traffic", default="wait", choices=["pass", "fail", "wait"],
-                   help="when a side served fewer: wait (bake up to twice as long, then fail: the default), "
+                   help="when a side served fewer: wait (the default: a batch without traffic while the baseline "
+                        "has some bakes up to twice as long, then is rolled back; an idle fleet passes unjudged), "
                         "fail (roll back), pass (promote unjudged)")
     r.add_argument("--pause-after-canary", action="store_true",
                    help="after the canary passes, ask on the terminal: promote (go on) or abort (roll it back)")

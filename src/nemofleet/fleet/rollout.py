@@ -453,11 +453,16 @@ def own_window(start: dict[str, Reading], before: dict[str, Reading], hosts: lis
     return life, "the same hosts' own counters before the deploy (since their instances started)"
 
 
+def _now() -> float:
+    return time.monotonic()
+
+
 def bake(session, batch: list[str], baseline: list[str], own, seconds: float, slo, log,
-         clock=time.monotonic, sleep=time.sleep, poll: float = BAKE_POLL) -> dict:
+         clock=None, sleep=None, poll: float = BAKE_POLL) -> dict:
     """Watch the batch (and the baseline hosts, over the same window) for `seconds`: a breach ends
     it at once; thin traffic with on_thin "wait" extends it by up to `seconds` more. `own` is the
     (figures, description) used when `baseline` is empty. Returns the batch's gate record."""
+    clock, sleep = clock or _now, sleep or time.sleep
     cw, bw = gate_math.Window(), gate_math.Window()
     t0 = clock()
     while True:
@@ -472,14 +477,18 @@ def bake(session, batch: list[str], baseline: list[str], own, seconds: float, sl
         missing = [h for h in batch + baseline if h not in readings]
         log(f"  bake {elapsed:.0f}/{seconds:.0f}s: canary {c.text()} | baseline {b.text()}"
             + (f" (no answer from {', '.join(missing)})" if missing else ""))
+        idle = b.requests < slo.min_requests  # the baseline is thin too: the fleet is (nearly) idle
         if v.state == "breach":
             break
-        if elapsed >= seconds and (v.state == "pass" or slo.on_thin != "wait" or elapsed >= 2 * seconds):
+        if elapsed >= seconds and (v.state == "pass" or slo.on_thin != "wait" or idle or elapsed >= 2 * seconds):
             break
         sleep(poll)
     if v.state == "thin":
         if slo.on_thin == "pass":
             v = gate_math.Verdict("pass", f"{v.reason}: passed by --on-thin-traffic pass")
+        elif slo.on_thin == "wait" and idle:
+            v = gate_math.Verdict("pass", f"{v.reason}: the baseline is as quiet, the fleet is idle: passed "
+                                          "unjudged (--on-thin-traffic wait)")
         else:
             v = gate_math.Verdict("breach", f"{v.reason} after {elapsed:.0f}s: the gate cannot vouch for the batch "
                                             f"(--on-thin-traffic {slo.on_thin})", "traffic")
@@ -599,9 +608,9 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     outcome.batches.append(record)
                     figures = (f"{record['verdict']}: {record['reason']}; canary {_fig(record['canary_figures'])}; "
                                f"baseline ({record['baseline']['kind']}) {_fig(record['baseline_figures'])}")
+                    log(f"  {label} verdict: {record['verdict'].upper()}: {record['reason']}")
                     for h in baked:
                         audit(inventory, h, "canary", figures)
-                    log(f"  {label} verdict: {record['verdict'].upper()}: {record['reason']}")
                     if record["verdict"] != "pass":
                         _roll_back_batch(inventory, [by_host[h] for h in baked],
                                          f"canary gate: {record['slo'] or 'SLO'} broken: {record['reason']}",
