@@ -7,7 +7,9 @@
     nemofleet models
     nemofleet settings [--markdown]
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
-                      [--lock-ttl 2h]
+                      [--lock-ttl 2h] [--bake S] [--slo-error-rate P] [--slo-latency-ratio R]
+                      [--slo-min-requests N] [--on-thin-traffic wait|pass|fail] [--pause-after-canary] [--json]
+    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT] [--max-tokens N] [--json]
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
     nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
@@ -446,16 +448,64 @@ def _ttl(a) -> int:
 
 
 def cmd_rollout(a) -> int:
+    """Exit 0 ok; 1 rolled back or halted; 2 refused (bad option, lock held); 130 interrupted.
+    --json: one JSON document on stdout (result ok|rolled_back|halted|refused, hosts, batches);
+    every human line goes to stderr."""
+    import json as _json
+
+    from . import canary
     from .fleet import rollout
 
-    o, rc = _fleet(lambda: rollout.rollout(
-        a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures, window=a.wait, limit=a.limit,
-        data=_data(a.data), message=a.message, ttl=_ttl(a)), "rollout")
-    if o is None:
-        return rc
-    print(o.table())
+    def say(line: str) -> None:
+        print(line, file=sys.stderr if a.json else sys.stdout, flush=True)
+
+    def refused(why: str) -> int:
+        if a.json:
+            print(_json.dumps({"result": "refused", "reason": why, "hosts": {}, "batches": []}))
+        print(f"rollout refused: {why}", file=sys.stderr)
+        return 2
+
+    slo = canary.Slo(error_points=a.slo_error_rate, latency_ratio=a.slo_latency_ratio,
+                     min_requests=a.slo_min_requests, on_thin=a.on_thin_traffic)
+    try:
+        canary.check_slo(slo)
+    except ValueError as exc:
+        return refused(str(exc))
+    if not (a.bake == 0 or 1 <= a.bake <= 86400):
+        return refused(f"--bake {a.bake:g} must be 0 (no bake) or from 1 to 86400 seconds")
+    if a.pause_after_canary and not a.canary:
+        return refused("--pause-after-canary needs a canary batch: add --canary N")
+    if a.pause_after_canary and not sys.stdin.isatty():
+        return refused("--pause-after-canary asks promote or abort on the terminal, and stdin is not one: run it "
+                       "from a terminal, or roll out the canary alone (--limit) and then the rest")
+    from .fleet.driver import FleetError
+
+    try:
+        o = rollout.rollout(
+            a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures, window=a.wait, limit=a.limit,
+            data=_data(a.data), message=a.message, ttl=_ttl(a), log=say, bake_seconds=a.bake, slo=slo,
+            pause_after_canary=a.pause_after_canary,
+            ask=lambda q: (print(q, end="", file=sys.stderr, flush=True), sys.stdin.readline())[1])
+    except FleetError as exc:
+        return refused(str(exc))
+    except KeyboardInterrupt:  # before the first batch started: nothing changed, the lock is given back
+        print("rollout interrupted before any host was changed", file=sys.stderr)
+        if a.json:
+            print(_json.dumps({"result": "halted", "reason": "interrupted (Ctrl-C) before any batch", "hosts": {},
+                               "batches": []}))
+        return 130
+    for line in o.table().splitlines():
+        say(line)
+    for b in o.batches:
+        if "canary_figures" in b:
+            say(f"{b['label']} ({', '.join(b['hosts'])}): {b['verdict']}: {b['reason']}")
     if o.halted:
         print(f"HALTED: {o.reason}", file=sys.stderr)
+    say(o.summary())
+    if a.json:
+        print(_json.dumps(o.to_json(), indent=2))
+    if o.interrupted:
+        return 130
     return 0 if o.ok else 1
 
 
@@ -621,6 +671,23 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
     r.add_argument("--message", default="")
     r.add_argument("--lock-ttl", default="2h", help=ttl_help)
+    r.add_argument("--bake", type=float, default=120,
+                   help="seconds each batch is watched after its health gate, its request metrics compared with "
+                        "the baseline's; a breach rolls it back and halts (default 120, 0 = health gate only)")
+    r.add_argument("--slo-error-rate", type=float, default=1.0,
+                   help="percentage points of failed (5xx) requests the batch may have above the baseline (default 1)")
+    r.add_argument("--slo-latency-ratio", type=float, default=1.5,
+                   help="how many times the baseline's p95 TTFT and p95 end-to-end latency the batch may reach "
+                        "(default 1.5)")
+    r.add_argument("--slo-min-requests", type=int, default=50,
+                   help="requests each side must serve in the bake before it is judged (default 50)")
+    r.add_argument("--on-thin-traffic", default="wait", choices=["pass", "fail", "wait"],
+                   help="when a side served fewer: wait (the default: a batch without traffic while the baseline "
+                        "has some bakes up to twice as long, then is rolled back; an idle fleet passes unjudged), "
+                        "fail (roll back), pass (promote unjudged)")
+    r.add_argument("--pause-after-canary", action="store_true",
+                   help="after the canary passes, ask on the terminal: promote (go on) or abort (roll it back)")
+    r.add_argument("--json", action="store_true", help="one JSON document on stdout; human lines on stderr")
     r.set_defaults(fn=cmd_rollout)
     rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
     rb.add_argument("inventory")

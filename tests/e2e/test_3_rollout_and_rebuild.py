@@ -44,7 +44,7 @@ def set_fail(host, release_label):
 
 def test_rollout_new_tag_canary_then_batches(converged, changes):
     before = {h: release(h) for h in HOSTS}
-    rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "1", "--wait", "120",
+    rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--canary", "1", "--batch", "1", "--wait", "120",
                         "--data", f"vllm_image={NEW}")
     for h in HOSTS:
         changes.made(h, f"a rollout to {NEW}")
@@ -58,7 +58,7 @@ def test_rollout_new_tag_canary_then_batches(converged, changes):
 
 def test_failed_canary_halts_before_any_other_host(converged, changes):
     on_new = {h: release(h) for h in HOSTS}
-    rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "2", "--wait", "30",
+    rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--canary", "1", "--batch", "2", "--wait", "30",
                         "--data", f"vllm_image={BASE}-broken")  # this image's engine never starts
     changes.made("a100-1", "a failed canary rollout")
     assert rc == 1, out
@@ -74,7 +74,7 @@ def test_failed_gate_on_second_host_halts_and_rolls_back(converged, changes):
     on_new = {h: release(h) for h in HOSTS}
     set_fail("h100-1", "base")  # the base release cannot start on h100-1's GPUs
     try:
-        rc, out = nemofleet("rollout", "inventories/testbed.py", "--canary", "1", "--batch", "1", "--wait", "30",
+        rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--canary", "1", "--batch", "1", "--wait", "30",
                             "--data", f"vllm_image={BASE}")
     finally:
         set_fail("h100-1", None)
@@ -95,7 +95,7 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
     assert rc == 0, out
     token = re.search(r"^export NEMOFLEET_LOCK_TOKEN=([0-9a-f]{32})$", out, re.M).group(1)  # shown once
     try:
-        rc, out = nemofleet("rollout", "inventories/testbed.py", "--data", f"vllm_image={NEW}")
+        rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--data", f"vllm_image={NEW}")
         assert rc == 2
         assert re.search(r"is locked by alice@\S+ since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(maintenance\)", out), out
         rc, status = nemofleet("lock", "status", "inventories/testbed.py")
@@ -120,7 +120,7 @@ def test_unreachable_host_counts_against_budget_and_is_reported(converged, chang
     subprocess.run(["docker", "stop", "-t", "2", testbed.container("h200-1")], check=True, capture_output=True)
     try:
         t0 = time.time()
-        rc, out = nemofleet("rollout", "inventories/testbed.py", "--batch", "3", "--max-failures", "1", "--wait", "60",
+        rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--batch", "3", "--max-failures", "1", "--wait", "60",
                             "--data", f"vllm_image={NEW}", timeout=600)
         elapsed = time.time() - t0
     finally:

@@ -393,3 +393,209 @@ def test_run_data_is_read_as_pyinfra_reads_it(monkeypatch):
     assert _sources(calls) == {"h1": None, "h2": ["nf-h1"]} and any("@dddddddddddd" in ln for ln in lines)
     o, calls, _, _ = _fan_rollout(monkeypatch, names, batch="100%", data={"weights_fanout": "false"})
     assert _sources(calls) == {"h1": None, "h2": None}
+
+
+# ---------------------------------------------------------------------------- the canary gate (issue 38)
+
+from nemofleet import canary as gate_math  # noqa: E402
+from test_canary import vllm_text  # noqa: E402  recorded /metrics samples under vLLM's names
+
+GPUS = {"a": "NVIDIA A100-SXM4-80GB", "b": "NVIDIA H100 80GB HBM3", "c": "NVIDIA H100 80GB HBM3"}
+
+
+class FakeFleet:
+    """Hosts a, b, c behind a fake kept session: each read of a host's metrics adds `rate`
+    requests to its counters (with `errors_every` failing and `ttft`/`e2e` latencies, as the
+    release it runs serves), and records every call."""
+
+    def __init__(self, monkeypatch, serve, rate=30):
+        self.serve, self.rate, self.calls, self.n = serve, rate, [], {}
+        self.release = {h: "old" for h in GPUS}
+        monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: list(GPUS))
+        monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])
+        monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: {})
+        monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
+                            {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
+                                     if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+        monkeypatch.setattr(driver, "Session", lambda inv, hosts: self)
+        monkeypatch.setattr(rollout, "audit", lambda inv, h, event, detail: self.calls.append(("audit", h, event, detail)))
+        monkeypatch.setattr(rollout, "deploy_one", self.deploy)
+        monkeypatch.setattr(rollout, "rollback_host", self.rollback)
+        monkeypatch.setattr(rollout, "gate", lambda *a, **k: (True, "healthy"))
+        monkeypatch.setattr(rollout, "read_state", lambda inv, h: HostState(self.release[h], "u"))
+
+    def deploy(self, inv, h, data, window, env, log=print, session=None):
+        self.calls.append(("deploy", h))
+        self.release[h], self.n[h] = "new", 0  # the new instance's counters start at zero
+        return rollout.HostResult(h, "old", "new", "ok")
+
+    def rollback(self, inv, h, expect=None, window=60):
+        self.calls.append(("rollback", h, expect))
+        self.release[h], self.n[h] = expect, 0
+        return True, "rolled back"
+
+    def run(self, host, script, timeout=60):
+        if script == commands.release_read():
+            return Exec(host, 0, f"id={self.release[host]}")
+        self.n[host] = self.n.get(host, 0) + self.rate
+        n = self.n[host]
+        err_every, ttft, e2e = self.serve[self.release[host]]
+        errors = n // err_every if err_every else 0
+        text = vllm_text(ok=n - errors, errors=errors, ttft=[ttft] * (n - errors), e2e=[e2e] * (n - errors))
+        return Exec(host, 0, f"@@gpu {GPUS[host]}\n@@instance nemotron-0\n{text}")
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+SERVE = {"old": (0, 0.1, 0.2), "new": (0, 0.1, 0.2), "slow": (0, 0.5, 1.0), "flaky": (20, 0.1, 0.2)}
+
+
+def fake_clock(monkeypatch):
+    """The bake's clock and sleep: a sleep moves the clock, nothing waits."""
+    now = [0.0]
+    monkeypatch.setattr(rollout, "_now", lambda: now[0])
+    monkeypatch.setattr(rollout.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+
+
+def run_rollout(monkeypatch, new="new", **kw):
+    fleet = FakeFleet(monkeypatch, {**SERVE, "new": SERVE[new]})
+    fake_clock(monkeypatch)
+    lines = []
+    o = rollout.rollout("inv", canary=1, batch="1", log=lines.append, bake_seconds=kw.pop("bake", 10),
+                        slo=kw.pop("slo", gate_math.Slo()), **kw)
+    return o, fleet, lines
+
+
+def test_flaky_canary_is_rolled_back_and_the_rest_never_touched(monkeypatch):
+    o, fleet, lines = run_rollout(monkeypatch, "flaky")
+    assert o.result == "rolled_back" and o.halted and not o.ok
+    assert [c for c in fleet.calls if c[0] in ("deploy", "rollback")] == [("deploy", "a"), ("rollback", "a", "old")]
+    assert [r.result for r in o.results] == ["rolled back", "not reached", "not reached"]
+    b = o.batches[0]
+    assert b["verdict"] == "fail" and b["slo"] == "error rate" and "canary 5.00% vs baseline 0.00%" in b["reason"]
+    assert b["baseline"]["hosts"] == ["b", "c"] and b["baseline"]["kind"].startswith("hosts still on the old release")
+    audit = [c for c in fleet.calls if c[0] == "audit" and c[2] == "canary"]
+    assert audit and audit[0][3].startswith("fail: error rate") and "baseline (" in audit[0][3]
+    doc = o.to_json()
+    assert doc["result"] == "rolled_back" and doc["hosts"]["a"] == {**doc["hosts"]["a"], "from": "old", "to": "old",
+                                                                     "result": "rolled back", "canary": True}
+    assert doc["hosts"]["b"]["canary"] is False and json_round_trip(doc)
+    assert any(ln.startswith("  bake ") and "| baseline" in ln for ln in lines)
+    assert fleet.calls[-1] == ("close",)  # the kept connections are closed
+
+
+def json_round_trip(doc):
+    import json
+
+    return json.loads(json.dumps(doc)) == doc
+
+
+def test_slow_canary_breaks_the_latency_slo(monkeypatch):
+    o, fleet, _ = run_rollout(monkeypatch, "slow")
+    assert o.result == "rolled_back" and o.batches[0]["slo"] == "p95 TTFT"
+    assert "canary 0.4" in o.reason and "baseline 0.09" in o.reason
+
+
+def test_good_release_goes_everywhere_the_last_batch_judged_on_its_own_window(monkeypatch):
+    o, fleet, _ = run_rollout(monkeypatch, "new")
+    assert o.result == "ok" and o.ok and [r.result for r in o.results] == ["ok", "ok", "ok"]
+    assert [b["verdict"] for b in o.batches] == ["pass", "pass", "pass"]
+    # a is an A100 and no old host is: all old hosts; b's baseline is c (same GPU class and model)
+    assert o.batches[0]["baseline"]["hosts"] == ["b", "c"] and o.batches[1]["baseline"]["hosts"] == ["c"]
+    last = o.batches[2]["baseline"]
+    assert last["hosts"] == [] and last["kind"].startswith("the same hosts' own")
+
+
+def test_thin_traffic_wait_then_fail_pass_or_fail_at_once(monkeypatch):
+    # the canary gets little traffic while the baseline (b, c: 3 reads a bake step) is busy
+    slo = gate_math.Slo(min_requests=100)
+    real_run = FakeFleet.run
+    monkeypatch.setattr(FakeFleet, "run", lambda self, h, script, timeout=60: real_run(self, h, script, timeout)
+                        if h != "a" or self.release[h] != "new" else
+                        Exec(h, 0, "@@gpu x\n@@instance nemotron-0\n" + vllm_text(ok=1, ttft=[0.1], e2e=[0.2])))
+    o, fleet, lines = run_rollout(monkeypatch, "new", slo=slo)
+    assert o.result == "rolled_back" and "too few requests" in o.reason and "--on-thin-traffic wait" in o.reason
+    waited = o.batches[0]["seconds"]
+    assert waited >= 20  # twice the 10 s bake
+    monkeypatch.setattr(FakeFleet, "run", real_run)
+    # the whole fleet idle: passed unjudged at the bake's end
+    o, _, _ = run_rollout(monkeypatch, "new", slo=gate_math.Slo(min_requests=10_000))
+    assert o.result == "ok" and "the fleet is idle: passed unjudged" in o.batches[0]["reason"]
+    assert o.batches[0]["seconds"] < 20
+    o, _, _ = run_rollout(monkeypatch, "new", slo=gate_math.Slo(min_requests=10_000, on_thin="pass"))
+    assert o.result == "ok" and "passed by --on-thin-traffic pass" in o.batches[0]["reason"]
+    o, _, _ = run_rollout(monkeypatch, "new", slo=gate_math.Slo(min_requests=10_000, on_thin="fail"))
+    assert o.result == "rolled_back" and o.batches[0]["seconds"] < waited
+
+
+def test_bake_zero_is_the_health_gate_alone(monkeypatch):
+    o, fleet, _ = run_rollout(monkeypatch, "flaky", bake=0)
+    assert o.result == "ok" and all(b["verdict"].startswith("not baked") for b in o.batches)
+
+
+def test_pause_after_canary_promote_or_abort(monkeypatch):
+    asked = []
+    o, fleet, _ = run_rollout(monkeypatch, "new", pause_after_canary=True, ask=lambda q: asked.append(q) or "promote\n")
+    assert o.result == "ok" and len(asked) == 1 and "promote" in asked[0]
+    o, fleet, _ = run_rollout(monkeypatch, "new", pause_after_canary=True, ask=lambda q: "abort")
+    assert o.result == "rolled_back" and "aborted after the canary" in o.reason
+    assert [c for c in fleet.calls if c[0] == "deploy"] == [("deploy", "a")]
+
+
+def test_ctrl_c_during_a_batch_rolls_it_back_and_releases_the_lock(monkeypatch):
+    released = []
+    fleet = FakeFleet(monkeypatch, SERVE)
+    fake_clock(monkeypatch)
+    real_release = lock.release
+    monkeypatch.setattr(lock, "release", lambda held, log=print: released.append(True) or real_release(held, log=log))
+
+    def deploy(inv, h, data, window, env, log=print, session=None):
+        fleet.release[h] = "new"  # the deploy changed the host, then the operator pressed Ctrl-C
+        raise KeyboardInterrupt
+    monkeypatch.setattr(rollout, "deploy_one", deploy)
+    o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None, bake_seconds=10)
+    assert o.interrupted and o.result == "halted" and "interrupted (Ctrl-C)" in o.reason
+    assert ("rollback", "a", "old") in fleet.calls and o.results[0].result == "rolled back"
+    assert released == [True]
+    import signal
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_heartbeat_never_silent_over_ten_seconds_on_a_fake_clock():
+    now = [0.0]
+    lines = []
+    beat = driver.Heartbeat(lines.append, "a: deploying", clock=lambda: now[0])
+    stamps = []
+    for step in range(600):  # 600 s of a deploy, the loop ticking every second, a stage now and then
+        now[0] = float(step)
+        if step in (3, 4, 250):
+            beat.set(f"stage {step}")
+        before = len(lines)
+        beat.beat()
+        if len(lines) > before or step in (3, 4, 250):
+            stamps.append(now[0])
+    gaps = [b - a for a, b in zip([0.0] + stamps, stamps)]
+    assert max(gaps) <= 10 and "a: deploying: stage 4 (4s)" in lines[1]
+
+
+def test_deploy_stages_are_read_from_pyinfras_output():
+    assert driver.stage_of("--> Starting operation: nemofleet serving | Reload systemd for x.service ") == "nemofleet serving"
+    assert driver.stage_of("--> Connecting to hosts...") == "Connecting to hosts..."
+    assert driver.stage_of("    [a100-1] Success") is None
+
+
+def test_a_port_not_open_yet_is_starting_not_unhealthy():
+    text = ("instance nemotron-0 UNHEALTHY: /health returned 000 (failure 2)\n"
+            "instance nemotron-1 UNHEALTHY: /health returned 503 (failure 1)")
+    got = rollout.gate_detail(text)
+    assert "nemotron-0 starting (port not open yet)" in got and "nemotron-1 UNHEALTHY: /health returned 503" in got
+
+
+def test_status_shows_the_last_canary_verdict():
+    from nemofleet.fleet import status
+
+    lines = ["canary 2026-12-05T19:14:01Z bob@ctl canary fail: error rate: canary 5.00% vs baseline 0.00%"]
+    assert status.canary_line(lines) == ["last canary gate 2026-12-05T19:14:01Z by bob@ctl: fail: error rate: "
+                                         "canary 5.00% vs baseline 0.00%"]
+    assert status.canary_line(["canary nothing"]) == []

@@ -78,8 +78,11 @@ def argv(inventory: str, hosts: list[str], args: list[str], data: dict | None = 
 
 
 def run(inventory: str, hosts: list[str], *args: str, data: dict | None = None, timeout: float = 600,
-        env: dict | None = None) -> Result:
-    """Run pyinfra on `hosts`; never raises for a failure or a timeout of the run itself."""
+        env: dict | None = None, beat: "Heartbeat | None" = None) -> Result:
+    """Run pyinfra on `hosts`; never raises for a failure or a timeout of the run itself. With a
+    heartbeat, pyinfra's output is read as it comes and its stages go to the heartbeat."""
+    if beat is not None:
+        return run_streamed(inventory, hosts, *args, data=data, timeout=timeout, env=env, beat=beat)
     cmd = argv(inventory, hosts, list(args), data)
     full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
     t0 = time.time()
@@ -266,3 +269,143 @@ def resolve_commits(inventory: str, wanted: dict) -> dict:
             out[h] = (parse_hub_commits(items, e.lines()) if e.reachable else
                       {tuple(i): {"error": f"{h} is unreachable ({e.text[:120]})"} for i in items})
     return out
+
+
+# ---------------------------------------------------------------------------- kept connections
+
+class Session:
+    """One kept SSH connection per host through pyinfra's Python API, for what a rollout asks
+    every few seconds (the health gate's polls, the bake's metrics reads): no new pyinfra process
+    and no new SSH handshake per poll. run() answers an Exec like on_host (rc 255 and
+    reachable=False when the host cannot be reached; one reconnect is tried after a lost
+    connection). Calls on different hosts may run in parallel; one host's calls are serialised."""
+
+    def __init__(self, inventory: str, hosts: list[str]):
+        import threading
+
+        inv = _inventory(inventory)
+        self.hosts = {h.name: h for h in inv if h.name in set(hosts)}
+        missing = [h for h in hosts if h not in self.hosts]
+        if missing:
+            raise FleetError(f"{', '.join(missing)} not found in {inventory}")
+        self.locks = {name: threading.Lock() for name in self.hosts}
+
+    def _once(self, h, script: str, timeout: float):
+        from pyinfra.api.command import StringCommand
+
+        if not h.connected:
+            h.connect(raise_exceptions=True)
+        args = {k: h.data.get(k) for k in ("_sudo", "_sudo_user", "_su_user") if h.data.get(k)}
+        return h.run_shell_command(StringCommand(f"bash -c {shlex.quote(script)}"), _timeout=int(timeout), **args)
+
+    def run(self, host: str, script: str, timeout: float = 60) -> Exec:
+        h = self.hosts.get(host)
+        if h is None:
+            return Exec(host, 255, f"{host} is not in this session", reachable=False)
+        with self.locks[host]:
+            for attempt in (1, 2):
+                try:
+                    ok, out = self._once(h, script, timeout)
+                except Exception as exc:  # noqa: BLE001 - any connector failure is the host's answer
+                    try:
+                        h.disconnect()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    h.connected = False
+                    if attempt == 2:
+                        return Exec(host, 255, f"no answer over the kept connection: {str(exc)[:200]}",
+                                    reachable=False)
+                    continue
+                rc = 0 if ok else (getattr(out, "exit_code", None) or 1)
+                return Exec(host, rc, "\n".join(out.stdout_lines + out.stderr_lines))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            try:
+                if h.connected:
+                    h.disconnect()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
+# ---------------------------------------------------------------------------- progress
+
+class Heartbeat:
+    """Progress of a long step: a line when its stage changes, and at least every `every` seconds
+    while it runs ("never silent over 10 s", issue 38). `clock` is injectable (tests use a fake)."""
+
+    def __init__(self, log, label: str, stage: str = "starting", every: float = 10.0, clock=time.monotonic):
+        self.log, self.label, self.every, self.clock = log, label, every, clock
+        self.t0 = self.last = clock()
+        self.stage = stage
+        self.lines = 0
+
+    def _emit(self) -> None:
+        self.last = self.clock()
+        self.lines += 1
+        self.log(f"  {self.label}: {self.stage} ({self.last - self.t0:.0f}s)")
+
+    def set(self, stage: str) -> None:
+        if stage and stage != self.stage:
+            self.stage = stage
+            self._emit()
+
+    def beat(self) -> None:
+        if self.clock() - self.last >= self.every:
+            self._emit()
+
+
+def stage_of(line: str) -> str | None:
+    """The stage a pyinfra output line announces, or None (`--> Starting operation: X`, the
+    deploy's own `nemofleet ...` notes)."""
+    s = line.strip()
+    m = re.match(r"--> Starting (?:operation|deploy): (.*)", s)
+    if m:
+        return m.group(1).split(" | ")[0][:120]
+    if s.startswith("--> "):
+        return s[4:][:120]
+    return None
+
+
+def run_streamed(inventory: str, hosts: list[str], *args: str, data: dict | None = None, timeout: float = 600,
+                 env: dict | None = None, beat: Heartbeat | None = None) -> Result:
+    """run(), with pyinfra's output read as it comes: each stage it announces goes to `beat`,
+    which also ticks every second (stdout and stderr are one stream here)."""
+    import threading
+
+    cmd = argv(inventory, hosts, list(args), data)
+    full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
+    t0 = time.time()
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                             stdin=subprocess.DEVNULL, errors="replace")
+    except OSError as exc:
+        return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
+    lines: list[str] = []
+
+    def read():
+        for line in p.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            st = stage_of(line)
+            if st and beat is not None:
+                beat.set(st)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    while p.poll() is None:
+        if time.time() - t0 > timeout:
+            p.kill()
+            timed_out = True
+            break
+        if beat is not None:
+            beat.beat()
+        time.sleep(1)
+    p.wait()
+    reader.join(timeout=5)
+    out = "".join(lines)
+    if timed_out:
+        return Result(TIMEOUT_RC, out, f"\npyinfra timed out after {timeout:.0f}s", timed_out=True,
+                      seconds=time.time() - t0)
+    return Result(p.returncode, out, "", seconds=time.time() - t0)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .. import fanout, inputs
+from .. import canary as gate_math
+from .. import fanout, inputs, paths
 from .. import hostcmd as commands
 from .. import lockinfo
 from . import driver, lock
@@ -83,19 +85,33 @@ def read_state(inventory: str, host: str) -> HostState | None:
     return HostState(kv.get("id") or None, kv.get("units_sha256") or None)
 
 
-def gate(inventory: str, host: str, window: float, poll: float = 5.0, log=print) -> tuple[bool, str]:
+_STARTING = re.compile(r"UNHEALTHY: /health returned 000 \(failure \d+\)")
+
+
+def gate_detail(text: str) -> str:
+    """The health script's instance lines, with an instance whose port is not open yet called
+    "starting": vLLM listens only once its engine is ready, so within the startup window a refused
+    connection is a normal start, not a fault (a 503 stays UNHEALTHY)."""
+    lines = [_STARTING.sub("starting (port not open yet)", ln) for ln in text.splitlines() if "instance" in ln]
+    return " ".join(lines)[-300:]
+
+
+def gate(inventory: str, host: str, window: float, poll: float = 5.0, log=print,
+         session: "driver.Session | None" = None) -> tuple[bool, str]:
     """The readiness gate, used by rollout, rollback and rebuild: every instance passes the
-    host's health check (/health 200, the model listed, the optional probe) within `window`."""
+    host's health check (/health 200, the model listed, the optional probe) within `window`.
+    With a session, every poll goes over the host's one kept connection."""
     t0 = time.time()
     while True:
-        e = driver.on_host(inventory, host, commands.gate(), timeout=240)
-        detail = " ".join(ln for ln in e.lines() if "instance" in ln)[-300:]
+        e = (session.run(host, commands.gate(), timeout=240) if session is not None
+             else driver.on_host(inventory, host, commands.gate(), timeout=240))
+        detail = gate_detail(e.text)
         if e.rc == 0:
             return True, detail
         if not e.reachable:
             return False, f"host unreachable: {e.text[-200:]}"
         if time.time() - t0 > window:
-            return False, detail or e.text.strip()[-300:]
+            return False, " ".join(ln for ln in e.lines() if "instance" in ln)[-300:] or e.text.strip()[-300:]
         log(f"  {host}: waiting for health ({time.time() - t0:.0f}s of {window:.0f}s): {detail or 'no answer'}")
         time.sleep(poll)
 
@@ -105,6 +121,31 @@ def rollback_host(inventory: str, host: str, expect: str | None = None, window: 
     ready = int(max(10, min(window, 60)))
     e = driver.on_host(inventory, host, commands.rollback(expect, ready), timeout=900)
     return e.rc == 0, (e.lines() or [""])[-1]
+
+
+class ticking:
+    """A heartbeat line every 10 s while a silent step runs (a thread; no-op without a log)."""
+
+    def __init__(self, log, label: str):
+        import threading
+
+        self.beat = driver.Heartbeat(log, label, stage="running") if log else None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True) if log else None
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.beat.beat()
+
+    def __enter__(self):
+        if self.thread:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=2)
 
 
 def audit(inventory: str, host: str, event: str, detail: str) -> None:
@@ -128,6 +169,32 @@ class Outcome:
     results: list[HostResult] = field(default_factory=list)
     halted: bool = False
     reason: str = ""
+    batches: list[dict] = field(default_factory=list)  # per batch: hosts, gate figures, verdict, reason
+    canary: list[str] = field(default_factory=list)  # the hosts of the canary batch
+    interrupted: bool = False
+
+    @property
+    def result(self) -> str:
+        """ok; rolled_back when the rollout stopped and every host it had changed in the failing
+        batch is back on its release; halted otherwise (budget spent, a host lost, Ctrl-C, a
+        rollback that failed)."""
+        if self.ok:
+            return "ok"
+        if self.interrupted or any(r.result.startswith("failed") or r.result == "unreachable" for r in self.results):
+            return "halted"
+        return "rolled_back" if any(r.result == "rolled back" for r in self.results) else "halted"
+
+    def to_json(self) -> dict:
+        return {"result": self.result, "reason": self.reason,
+                "hosts": {r.host: {"from": r.old, "to": r.new, "result": r.result, "canary": r.host in self.canary,
+                                   "seconds": round(r.seconds, 1), "detail": r.detail} for r in self.results},
+                "batches": self.batches}
+
+    def summary(self) -> str:
+        n = {k: sum(r.result == k for r in self.results) for k in ("ok", "rolled back", "not reached")}
+        other = len(self.results) - sum(n.values())
+        return (f"rollout {self.result}: {n['ok']} ok, {n['rolled back']} rolled back, {n['not reached']} not reached"
+                f"{f', {other} failed or unreachable' if other else ''}" + (f" ({self.reason})" if self.reason else ""))
 
     def table(self) -> str:
         rows = [("host", "release", "result", "time", "detail")]
@@ -157,14 +224,16 @@ def _recover(inventory: str, res: HostResult, before: HostState, window: float, 
     if not before.release:
         res.detail += "; no earlier release to roll back to"
         return
-    ok, text = rollback_host(inventory, res.host, expect=before.release, window=window)
+    with ticking(log, f"{res.host}: rolling back to {before.release}"):
+        ok, text = rollback_host(inventory, res.host, expect=before.release, window=window)
     back, _ = gate(inventory, res.host, window, log=log) if ok else (False, "")
     res.result = "rolled back" if ok and back else "failed, rollback failed"
     res.detail += f"; {text}"
     res.new = (read_state(inventory, res.host) or HostState(None, None)).release
 
 
-def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, log=print) -> HostResult:
+def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, log=print,
+               session: "driver.Session | None" = None) -> HostResult:
     t0 = time.time()
     before = read_state(inventory, host)
     res = HostResult(host)
@@ -176,14 +245,15 @@ def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, 
     # themselves, at most the startup window each (an instance that fails stops the deploy there)
     r = driver.run(inventory, [host], DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
                                                     "wait_ready": "false"},
-                   timeout=window + DEPLOY_SLACK, env=env)
+                   timeout=window + DEPLOY_SLACK, env=env,
+                   beat=driver.Heartbeat(log, f"{host}: deploying", stage="connecting"))
     if r.rc != 0 and not driver.connected(r.out, host):
         res.result, res.detail = "unreachable", "could not connect over SSH"
     elif r.rc != 0:
         res.result = "failed"
         res.detail = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
     else:
-        ok, detail = gate(inventory, host, window, log=log)
+        ok, detail = gate(inventory, host, window, log=log, session=session)
         res.result, res.detail = ("ok", detail) if ok else ("failed", f"health gate: {detail}")
         res.new = (read_state(inventory, host) or HostState(None, None)).release
     if res.result == "failed":
@@ -208,7 +278,8 @@ def _recover_group(inventory: str, results: list[HostResult], before: dict, wind
             changed.append(res)
     if not changed:
         return
-    with ThreadPoolExecutor(max_workers=len(changed)) as pool:
+    with ticking(log, f"{', '.join(r.host for r in changed)}: rolling back"), \
+            ThreadPoolExecutor(max_workers=len(changed)) as pool:
         back = list(pool.map(lambda r: rollback_host(inventory, r.host, expect=before[r.host].release,
                                                      window=window), changed))
     head_ok, _ = gate(inventory, results[0].host, window, log=log) if all(ok for ok, _ in back) else (False, "")
@@ -219,7 +290,7 @@ def _recover_group(inventory: str, results: list[HostResult], before: dict, wind
 
 
 def deploy_group(inventory: str, members: list[str], data: dict, window: float, env: dict,
-                 log=print) -> list[HostResult]:
+                 log=print, session: "driver.Session | None" = None) -> list[HostResult]:
     """A multi-node serving group as one unit: one deploy over all its members, the gate on the
     head (its /health answers only with every member joined) and then on each worker; a failure
     rolls back every member it changed."""
@@ -235,13 +306,14 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
         return results
     r = driver.run(inventory, members, DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
                                                      "wait_ready": "false"},
-                   timeout=window + DEPLOY_SLACK, env=env)
+                   timeout=window + DEPLOY_SLACK, env=env,
+                   beat=driver.Heartbeat(log, f"{', '.join(members)}: deploying", stage="connecting"))
     failed = None
     if r.rc != 0:
         failed = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
     else:
         for m in members:  # the head first: it is ready only once the whole group has joined
-            ok, detail = gate(inventory, m, window, log=log)
+            ok, detail = gate(inventory, m, window, log=log, session=session)
             if not ok:
                 failed = f"health gate on {m}: {detail}"
                 break
@@ -258,10 +330,11 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
     return results
 
 
-def _deploy_unit(inventory, unit, data, window, env, log) -> list[HostResult]:
+def _deploy_unit(inventory, unit, data, window, env, log, session=None) -> list[HostResult]:
+    kw = {"session": session} if session is not None else {}
     if len(unit) == 1:
-        return [deploy_one(inventory, unit[0], data, window, env, log)]
-    return deploy_group(inventory, unit, data, window, env, log)
+        return [deploy_one(inventory, unit[0], data, window, env, log, **kw)]
+    return deploy_group(inventory, unit, data, window, env, log, **kw)
 
 
 # ---------------------------------------------------------------------------- weights fan-out
@@ -307,19 +380,166 @@ def _seeds(fan: FanIn, heads: list[str], log) -> dict:
     return {h: f.seed_from(h, fan.address) for h in heads}
 
 
+# ---------------------------------------------------------------------------- the bake (canary gate)
+
+BAKE_POLL = 5.0  # seconds between two reads of every instance's /metrics during a bake
+
+# One read of a host: its first GPU's name, then each instance's request metrics (the lines the
+# gate uses) after an `@@instance NAME` line. The instances and where they listen come from the
+# health script the deploy rendered (its INSTANCES and ADDRESS lines), so this matches the release
+# the host runs now; /metrics is read with the API key header like the health script reads it.
+METRICS_SCRIPT = f"""HS={paths.HEALTH_SCRIPT}; AUTH=/etc/nemofleet/api-auth.header
+echo "@@gpu $(timeout 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+[ -r "$HS" ] || exit 0
+eval "$(sed -n -e '/^ADDRESS=/p' -e '/^INSTANCES=(/,/^)/p' "$HS")"
+for (( k = 0; k < ${{#INSTANCES[@]}}; k += 4 )); do
+  n=${{INSTANCES[k]}} p=${{INSTANCES[k+1]}}; [ "$p" = 0 ] && continue
+  echo "@@instance $n"
+  if [ -r "$AUTH" ]; then a=(-H @"$AUTH"); else a=(); fi
+  curl "${{a[@]}}" -fsS --max-time 5 "http://$ADDRESS:$p/metrics" 2>/dev/null \
+    | grep -E '^(vllm:(request_success_total|time_to_first_token_seconds_bucket|e2e_request_latency_seconds_bucket)|http_requests_total)'
+done
+true"""
+
+
+@dataclass
+class Reading:
+    """One host's answer to METRICS_SCRIPT: GPU name, {instance: parsed samples}, model names."""
+    gpu: str = ""
+    instances: dict = field(default_factory=dict)
+
+    @property
+    def models(self) -> set:
+        return {dict(labels).get("model_name") for samples in self.instances.values()
+                for (_, labels) in samples if dict(labels).get("model_name")}
+
+
+def read_metrics(session, hosts: list[str]) -> dict[str, Reading]:
+    """Every host's metrics over its kept connection, in parallel; an unanswered host is absent."""
+    def one(h):
+        e = session.run(h, METRICS_SCRIPT, timeout=60)
+        if not e.reachable or e.rc != 0:
+            return h, None
+        gpu, texts = gate_math.split_instances(e.lines())
+        return h, Reading(gpu, {n: gate_math.parse(t) for n, t in texts.items()})
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        return {h: r for h, r in pool.map(one, hosts) if r is not None}
+
+
+def pick_baseline(batch: list[str], old: list[str], readings: dict[str, Reading]) -> list[str]:
+    """The hosts still on the old release that serve like the batch: the same GPU class and model
+    first; all of them when none matches."""
+    want = {(readings[h].gpu, m) for h in batch if h in readings for m in readings[h].models or {""}}
+    same = [h for h in old if h in readings and any((readings[h].gpu, m) in want for m in readings[h].models or {""})]
+    return same or list(old)
+
+
+def own_window(start: dict[str, Reading], before: dict[str, Reading], hosts: list[str], slo) -> tuple:
+    """The batch's own figures before its deploy: from the rollout's start to just before the
+    deploy; when that served too few requests, all the old instances served since they started."""
+    w = gate_math.Window()
+    for h in hosts:
+        for n, samples in (start.get(h) or Reading()).instances.items():
+            w.add(f"{h}/{n}", samples)
+        for n, samples in (before.get(h) or Reading()).instances.items():
+            w.add(f"{h}/{n}", samples)
+    f = w.figures()
+    if f.requests >= slo.min_requests:
+        return f, "the same hosts' own window before the deploy (since the rollout started)"
+    life = gate_math.merge([gate_math.figures_of(samples) for h in hosts
+                            for samples in (before.get(h) or Reading()).instances.values()])
+    return life, "the same hosts' own counters before the deploy (since their instances started)"
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def bake(session, batch: list[str], baseline: list[str], own, seconds: float, slo, log,
+         clock=None, sleep=None, poll: float = BAKE_POLL) -> dict:
+    """Watch the batch (and the baseline hosts, over the same window) for `seconds`: a breach ends
+    it at once; thin traffic with on_thin "wait" extends it by up to `seconds` more. `own` is the
+    (figures, description) used when `baseline` is empty. Returns the batch's gate record."""
+    clock, sleep = clock or _now, sleep or time.sleep
+    cw, bw = gate_math.Window(), gate_math.Window()
+    t0 = clock()
+    while True:
+        readings = read_metrics(session, batch + baseline)
+        for h, r in readings.items():
+            for n, samples in r.instances.items():
+                (cw if h in batch else bw).add(f"{h}/{n}", samples)
+        c = cw.figures()
+        b, kind = (bw.figures(), "hosts still on the old release, same window") if baseline else own
+        v = gate_math.verdict(c, b, slo)
+        elapsed = clock() - t0
+        missing = [h for h in batch + baseline if h not in readings]
+        log(f"  bake {elapsed:.0f}/{seconds:.0f}s: canary {c.text()} | baseline {b.text()}"
+            + (f" (no answer from {', '.join(missing)})" if missing else ""))
+        idle = b.requests < slo.min_requests  # the baseline is thin too: the fleet is (nearly) idle
+        if v.state == "breach":
+            break
+        if elapsed >= seconds and (v.state == "pass" or slo.on_thin != "wait" or idle or elapsed >= 2 * seconds):
+            break
+        sleep(poll)
+    if v.state == "thin":
+        if slo.on_thin == "pass":
+            v = gate_math.Verdict("pass", f"{v.reason}: passed by --on-thin-traffic pass")
+        elif slo.on_thin == "wait" and idle:
+            v = gate_math.Verdict("pass", f"{v.reason}: the baseline is as quiet, the fleet is idle: passed "
+                                          "unjudged (--on-thin-traffic wait)")
+        else:
+            v = gate_math.Verdict("breach", f"{v.reason} after {elapsed:.0f}s: the gate cannot vouch for the batch "
+                                            f"(--on-thin-traffic {slo.on_thin})", "traffic")
+    return {"hosts": batch, "baseline": {"kind": kind, "hosts": baseline}, "seconds": round(elapsed, 1),
+            "canary_figures": c.as_dict(), "baseline_figures": b.as_dict(),
+            "verdict": "pass" if v.state == "pass" else "fail", "slo": v.slo, "reason": v.reason}
+
+
+def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window: float, log, session=None) -> None:
+    """The hosts of a batch that passed health but failed its bake (or was interrupted) go back to
+    the release they replaced: rollback path of a failed gate, all at once, each gated again."""
+    todo = [r for r in results if r.old]
+    with ticking(log, f"{', '.join(r.host for r in todo)}: rolling back"), \
+            ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        back = list(pool.map(lambda r: rollback_host(inventory, r.host, expect=r.old, window=window), todo))
+    for res, (ok, text) in zip(todo, back):
+        good, _ = gate(inventory, res.host, window, log=log, session=session) if ok else (False, "")
+        res.result = "rolled back" if ok and good else "failed, rollback failed"
+        res.detail = f"{why}; {text}"
+        res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+
+
+def _open_session(inventory: str, hosts: list[str], log):
+    try:
+        return driver.Session(inventory, hosts)
+    except Exception as exc:  # noqa: BLE001 - without it every poll is a pyinfra process, as before
+        log(f"  (no kept connections: {str(exc)[:120]}; polling with a pyinfra process per poll)")
+        return None
+
+
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
-            ttl: int = lock.DEFAULT_TTL, log=print) -> Outcome:
+            ttl: int = lock.DEFAULT_TTL, log=print, bake_seconds: float = 0, slo: "gate_math.Slo | None" = None,
+            pause_after_canary: bool = False, ask=None) -> Outcome:
     """Batches of deploy units (a host, or a multi-node serving group counted as one): canary
-    first, each gated on health, halted when the failure budget (hosts) is spent. Hosts that
-    need the same weights fan out (docs/fanout.md): one host per model fetches it from the
-    origin, the others copy it from a host that holds it (or is fetching it) in a tree."""
+    first, each gated on health, then (bake_seconds > 0) baked: its request metrics compared with
+    the baseline's over the same window (nemofleet.canary's rule), a breach rolling the batch back
+    and halting; halted when the failure budget (hosts) is spent. Hosts that need the same weights
+    fan out (docs/fanout.md): one host per model fetches it from the origin, the others copy it
+    from a host that holds it (or is fetching it) in a tree.
+    Ctrl-C: the deploys in flight end (pyinfra gets the same signal from the terminal), every host
+    of that batch the deploy changed goes back to its release, the lock is released, and the
+    outcome says halted ("interrupted"): the CLI exits 130."""
+    slo = slo or gate_math.Slo()
     hosts = driver.serving_hosts(inventory, limit)
     units = driver.group_units(inventory, hosts)
     check_options(len(units), batch, canary, max_failures)
     plan = [[h for u in b for h in u] for b in batches(units, batch, canary)]
     unit_of = {h: u for u in units for h in u}
     outcome = Outcome([HostResult(h) for h in hosts])
+    outcome.canary = plan[0] if canary else []
     by_host = {r.host: r for r in outcome.results}
     fan = fan_in(inventory, hosts, data)
     # the reachability probe also reads which hosts hold which weights (their markers): no extra command
@@ -330,37 +550,130 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
             fan.holders[h] = fanout.parse_holders(e.lines(), fan.dirs)
     reachable = [h for h in hosts if by_host[h].result != "unreachable"]
     failures = len(hosts) - len(reachable)
-    with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
-        for n, group in enumerate(plan):
-            label = "canary" if canary and n == 0 else f"batch {n + (0 if canary else 1)}"
-            log(f"{label}: {', '.join(group)}")
-            lost = held.refresh()
-            if failures > max_failures or lost:
-                outcome.halted = True
-                outcome.reason = "; ".join(lost) or f"failure budget {max_failures} spent before {label}"
-                break
-            todo = [unit_of[h] for h in group if h == unit_of[h][0]
-                    and all(by_host[m].result != "unreachable" for m in unit_of[h])]
-            seeds = _seeds(fan, [u[0] for u in todo], log)
+    session = _open_session(inventory, reachable, log)
+    start = read_metrics(session, reachable) if session is not None and bake_seconds > 0 else {}
+    try:
+        with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
+            for n, group in enumerate(plan):
+                label = "canary" if canary and n == 0 else f"batch {n + (0 if canary else 1)}"
+                log(f"{label}: {', '.join(group)}")
+                lost = held.refresh()
+                if failures > max_failures or lost:
+                    outcome.halted = True
+                    outcome.reason = "; ".join(lost) or f"failure budget {max_failures} spent before {label}"
+                    break
+                todo = [unit_of[h] for h in group if h == unit_of[h][0]
+                        and all(by_host[m].result != "unreachable" for m in unit_of[h])]
+                seeds = _seeds(fan, [u[0] for u in todo], log)
+                before = read_metrics(session, group) if session is not None and bake_seconds > 0 else {}
+                # what each host runs before its deploy, over the kept connections: Ctrl-C's rollback needs it
+                pre = _releases(session, group) if session is not None else {}
 
-            def one(u):
-                # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
-                extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
-                return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log)
-            with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-                for done in pool.map(one, todo):
-                    for res in done:
-                        by_host[res.host].__dict__.update(res.__dict__)
-                        log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, {res.seconds:.0f}s) {res.detail}")
-                        failures += res.result != "ok"
-                        if res.result == "ok" and res.host in fan.wants:
-                            # its deploy verified the weights (the check wrote the marker): a source now
-                            fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
-            if failures > max_failures:
-                outcome.halted = True
-                outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"
-                break
+                def one(u):
+                    # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
+                    extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
+                    return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
+                try:
+                    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+                        for done in pool.map(one, todo):
+                            for res in done:
+                                by_host[res.host].__dict__.update(res.__dict__)
+                                log(f"  {res.host}: {res.result} ({res.old or '-'} -> {res.new or '-'}, "
+                                    f"{res.seconds:.0f}s) {res.detail}")
+                                failures += res.result != "ok"
+                                if res.result == "ok" and res.host in fan.wants:
+                                    # its deploy verified the weights (the check wrote the marker): a source now
+                                    fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
+                except KeyboardInterrupt:
+                    _interrupted(inventory, outcome, group, pre, window, log, session)
+                    return outcome
+                if failures > max_failures:
+                    outcome.halted = True
+                    outcome.reason = f"{failures} failure(s), budget {max_failures}: halted after {label}"
+                    break
+                baked = [h for h in group if by_host[h].result == "ok"]
+                if bake_seconds > 0 and baked and session is not None:
+                    done_hosts = {h for g in plan[:n + 1] for h in g}
+                    old = [h for h in reachable if h not in done_hosts and by_host[h].result == "not reached"]
+                    base = pick_baseline(baked, old, {**start, **before})
+                    own = own_window(start, before, baked, slo) if not base else None
+                    log(f"  baking {', '.join(baked)} for {bake_seconds:.0f}s against "
+                        f"{', '.join(base) if base else own[1]}")
+                    try:
+                        record = bake(session, baked, base, own, bake_seconds, slo, log)
+                    except KeyboardInterrupt:
+                        _interrupted(inventory, outcome, group, pre, window, log, session)
+                        return outcome
+                    record["label"] = label
+                    outcome.batches.append(record)
+                    figures = (f"{record['verdict']}: {record['reason']}; canary {_fig(record['canary_figures'])}; "
+                               f"baseline ({record['baseline']['kind']}) {_fig(record['baseline_figures'])}")
+                    log(f"  {label} verdict: {record['verdict'].upper()}: {record['reason']}")
+                    for h in baked:
+                        audit(inventory, h, "canary", figures)
+                    if record["verdict"] != "pass":
+                        _roll_back_batch(inventory, [by_host[h] for h in baked],
+                                         f"canary gate: {record['slo'] or 'SLO'} broken: {record['reason']}",
+                                         window, log, session)
+                        outcome.halted = True
+                        outcome.reason = f"{label} broke the SLO ({record['reason']}): rolled back, rollout halted"
+                        break
+                elif bake_seconds <= 0:
+                    outcome.batches.append({"label": label, "hosts": group, "verdict": "not baked (--bake 0)",
+                                            "reason": "health gate only"})
+                if pause_after_canary and canary and n == 0 and len(plan) > 1:
+                    choice = (ask or input)(f"canary {', '.join(group)} passed: promote to the remaining "
+                                            f"{len(plan) - 1} batch(es) or abort? [promote/abort] ").strip().lower()
+                    if choice != "promote":
+                        _roll_back_batch(inventory, [by_host[h] for h in group if by_host[h].result == "ok"],
+                                         f"aborted by the operator after the canary ({choice or 'no answer'})",
+                                         window, log, session)
+                        outcome.halted = True
+                        outcome.reason = "aborted after the canary: the canary rolled back"
+                        break
+    finally:
+        if session is not None:
+            session.close()
     return outcome
+
+
+def _fig(d: dict) -> str:
+    return (f"{d.get('requests')} req {d.get('error_rate_pct')}% errors p95 TTFT {d.get('p95_ttft_s')}s "
+            f"e2e {d.get('p95_e2e_s')}s")
+
+
+def _releases(session, hosts: list[str]) -> dict[str, str | None]:
+    out = {}
+    for h in hosts:
+        e = session.run(h, commands.release_read(), timeout=60)
+        if e.reachable:
+            out[h] = lockinfo.parse(e.lines()).get("id") or None
+    return out
+
+
+def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, window: float, log,
+                 session) -> None:
+    """Ctrl-C during a batch: further Ctrl-C is ignored while every host of that batch that the
+    deploy changed goes back to its release (the hosts the deploy never touched stay as they are)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        log(f"interrupted: putting the batch in flight ({', '.join(group)}) back on its release; the lock is "
+            "released after")
+        by_host = {r.host: r for r in outcome.results}
+        changed = []
+        for h in group:
+            res = by_host[h]
+            res.old = res.old or pre.get(h)
+            now = read_state(inventory, h)
+            if res.old and now is not None and now.release != res.old:
+                changed.append(res)
+            elif res.result == "not reached":
+                res.result, res.detail = "not reached", "interrupted before its deploy finished; unchanged"
+        _roll_back_batch(inventory, changed, "interrupted (Ctrl-C)", window, log, session)
+        outcome.halted = outcome.interrupted = True
+        outcome.reason = f"interrupted (Ctrl-C) during the batch {', '.join(group)}: it was rolled back"
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def rollback(inventory: str, limit: list[str] | None = None, window: float = 1200, ttl: int = lock.DEFAULT_TTL,

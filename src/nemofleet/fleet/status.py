@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
+from .. import paths
 from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
@@ -31,15 +32,28 @@ class HostStatus:
         return self.reachable and self.release is not None and self.release == self.planned
 
 
+# the last canary verdict a rollout wrote in the host's audit log (`<time> <operator> canary <verdict>`)
+CANARY_SCRIPT = (f"awk '$3 == \"canary\"' {paths.AUDIT_LOG} 2>/dev/null | tail -n 1 | sed 's/^/canary /'\n")
+
+
+def canary_line(lines: list[str]) -> list[str]:
+    """`canary <time> <operator> canary <verdict and figures>` -> the status line, if any."""
+    for ln in lines:
+        parts = ln.split(" ", 4)
+        if len(parts) == 5 and parts[0] == "canary" and parts[3] == "canary":
+            return [f"last canary gate {parts[1]} by {parts[2]}: {parts[4]}"]
+    return []
+
+
 def _script_for(data: dict) -> tuple[str, list[str]]:
     from .. import settings
 
     try:
         s = settings.parse(data)
-        return commands.status(s.models_root, s.prom_dir), []
+        return commands.status(s.models_root, s.prom_dir) + CANARY_SCRIPT, []
     except settings.SettingsError as exc:
         d = settings.defaults()  # still show what the host has where nemofleet would put it
-        return commands.status(d["models_root"], d["prom_dir"]), exc.problems
+        return commands.status(d["models_root"], d["prom_dir"]) + CANARY_SCRIPT, exc.problems
 
 
 def _figure(text: str | None, fmt: str) -> str:
@@ -121,7 +135,7 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
             lines = e.lines()
             r.release = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
             r.lines = (gpu_lines(lines) + unit_lines(lines, time.time())
-                       + [ln for ln in lines if ln.startswith(("weights ", "download "))])
+                       + [ln for ln in lines if ln.startswith(("weights ", "download "))] + canary_line(lines))
             data = datas[h]
             members = data.get("serving_group_members") if data.get("serving_group") else None
             if isinstance(members, list):

@@ -43,6 +43,9 @@ RELEASES = {
     DEFAULT_IMAGE: {},
     f"{DEFAULT_IMAGE}-nf2": {"STANDIN_RELEASE": "nf2"},
     f"{DEFAULT_IMAGE}-broken": {"STANDIN_FAIL": "start", "STANDIN_RELEASE": "broken"},
+    # for the canary gate (issue 38): healthy by every health check, but worse at serving
+    f"{DEFAULT_IMAGE}-slow": {"STANDIN_LATENCY_SECONDS": "1.0", "STANDIN_RELEASE": "slow"},  # 5x the 0.2 s
+    f"{DEFAULT_IMAGE}-flaky": {"STANDIN_FAIL_EVERY": "20", "STANDIN_RELEASE": "flaky"},  # every 20th: 500
 }
 RUN_FLAGS = [
     "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",

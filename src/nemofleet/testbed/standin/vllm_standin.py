@@ -5,7 +5,21 @@ argparse's "vllm: error: unrecognized arguments" like vLLM), needs the GPUs the 
 toolkit granted and the model directory, then serves /health, /ping, /version, /metrics,
 /v1/models and /v1/chat/completions (reasoning + content), honouring VLLM_API_KEY on /v1.
 
-Knobs (environment): STANDIN_STARTUP_SECONDS (default 2), STANDIN_FAIL=start|health.
+Knobs (environment): STANDIN_STARTUP_SECONDS (default 2), STANDIN_FAIL=start|health,
+STANDIN_LATENCY_SECONDS (default 0.2: every completion takes that long, its first token at half of
+it; the `-slow` release sets 1.0, five times slower), STANDIN_FAIL_EVERY (default 0 = never: every
+Nth completion answers HTTP 500 as an engine error; the `-flaky` release sets 20, 5 %: a counted
+event, not chance, so a test knows exactly which request fails).
+The port opens only once the engine is ready, as real vLLM's API server starts uvicorn only after
+the engine initialised: while starting, a connection is refused; a 503 from /health means a server
+that is up but unhealthy (draining, its engine dead), never one still starting.
+/metrics exports what the canary gate reads under real vLLM's names and types (0.27.1 and 0.32.0
+export the same ones): vllm:request_success_total{finished_reason} (counter),
+vllm:time_to_first_token_seconds and vllm:e2e_request_latency_seconds (histograms with vLLM's
+buckets), and prometheus-fastapi-instrumentator's http_requests_total{handler,method,status}
+(status grouped as 2xx/4xx/5xx; /metrics, /health, /ping, /version not counted, as vLLM excludes
+them). Every completion counts, a health probe's too, like vLLM: the gate leaves its own probes out
+of its figures by its window (it starts after the health gate's last probe and only reads /metrics).
 Per request (stand-in only; a real vLLM ignores an unknown request field with a warning):
 "standin_hold_seconds": N (at most 60) keeps the completion in flight that long, so /metrics shows
 it in vllm:num_requests_running (beyond --max-num-seqs in vllm:num_requests_waiting) and in the
@@ -35,6 +49,37 @@ STATE = {"ready": False, "requests": 0, "running": 0, "started": time.time(), "d
 LOCK = threading.Lock()
 KV_PER_REQUEST = 0.0125  # share of the KV cache one short chat request holds (prompt + answer blocks)
 MAX_HOLD_SECONDS = 60
+LATENCY = max(0.0, float(os.environ.get("STANDIN_LATENCY_SECONDS", "0.2")))
+FAIL_EVERY = max(0, int(os.environ.get("STANDIN_FAIL_EVERY", "0")))
+# vLLM's own bucket bounds for these two histograms (vllm/v1/metrics/loggers.py in 0.27.1 and 0.32.0)
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0]
+# what /metrics counts: completions by finish reason, HTTP answers by (handler, method, status class),
+# the two latency histograms as per-bucket counts (+Inf last), their sums and counts
+COUNTS = {"completions": 0, "success": {}, "http": {}, "ttft": [0] * (len(TTFT_BUCKETS) + 1),
+          "e2e": [0] * (len(E2E_BUCKETS) + 1), "ttft_sum": 0.0, "e2e_sum": 0.0}
+NOT_COUNTED = ("/metrics", "/health", "/ping", "/version", "/load", "/server_info")  # vLLM's excluded handlers
+
+
+def observe(name, buckets, value):
+    with LOCK:
+        COUNTS[name][next((i for i, b in enumerate(buckets) if value <= b), len(buckets))] += 1
+        COUNTS[name + "_sum"] += value
+
+
+def histogram_lines(metric, help_text, name, buckets, labels):
+    out = [f"# HELP {metric} {help_text}", f"# TYPE {metric} histogram"]
+    with LOCK:
+        counts, total = list(COUNTS[name]), COUNTS[name + "_sum"]
+    running = 0
+    for bound, n in zip(buckets + ["+Inf"], counts):
+        running += n
+        out.append(f'{metric}_bucket{{{labels},le="{float(bound) if bound != "+Inf" else bound}"}} {float(running)}')
+    out.append(f"{metric}_count{{{labels}}} {float(running)}")
+    out.append(f"{metric}_sum{{{labels}}} {total}")
+    return out
 
 
 def load_figures(max_num_seqs):
@@ -93,7 +138,16 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *a):
         sys.stderr.write("INFO:     %s - %s\n" % (self.address_string(), fmt % a))
 
+    def count(self, code):
+        p = self.path.split("?")[0]
+        if p in NOT_COUNTED:
+            return
+        key = (p, self.command, f"{code // 100}xx")
+        with LOCK:
+            COUNTS["http"][key] = COUNTS["http"].get(key, 0) + 1
+
     def send(self, code, body, ctype="application/json"):
+        self.count(code)
         data = body if isinstance(body, bytes) else (json.dumps(body) if not isinstance(body, str) else body).encode()
         try:
             self.send_response(code)
@@ -146,8 +200,20 @@ class Handler(BaseHTTPRequestHandler):
                 f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} {float(kv)}',
                 "# HELP vllm:request_success_total Count of successfully processed requests.",
                 "# TYPE vllm:request_success_total counter",
-                f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="{name}"}} {float(STATE["requests"])}',
             ]
+            labels = f'engine="0",model_name="{name}"'
+            with LOCK:
+                success, http = dict(COUNTS["success"]), dict(COUNTS["http"])
+            for reason in sorted(set(success) | {"stop"}):
+                lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(success.get(reason, 0))}')
+            lines += histogram_lines("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                     "ttft", TTFT_BUCKETS, labels)
+            lines += histogram_lines("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                                     "e2e", E2E_BUCKETS, labels)
+            lines += ["# HELP http_requests_total Total number of requests by method, status and handler.",
+                      "# TYPE http_requests_total counter"]
+            for (handler, method, status), n in sorted(http.items()):
+                lines.append(f'http_requests_total{{handler="{handler}",method="{method}",status="{status}"}} {float(n)}')
             return self.send(200, "\n".join(lines) + "\n", "text/plain; version=0.0.4")
         if p == "/v1/models":
             if not self.authorised():
@@ -160,6 +226,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def stream(self, req, hold, reasoning, content, finish):
         """Server-sent events as vLLM's OpenAI server sends them (the connection closes after [DONE])."""
+        self.count(200)
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("cache-control", "no-cache")
@@ -206,9 +273,20 @@ class Handler(BaseHTTPRequestHandler):
                 hold = min(MAX_HOLD_SECONDS, max(0.0, float(req.get("standin_hold_seconds") or 0)))
             except (TypeError, ValueError):
                 hold = 0.0
+            t0 = time.time()
             with LOCK:
                 STATE["running"] += 1
+                COUNTS["completions"] += 1
+                nth = COUNTS["completions"]
             try:
+                # the first token after half the fixed latency, the answer after all of it (plus any hold)
+                time.sleep(LATENCY / 2)
+                if FAIL_EVERY and nth % FAIL_EVERY == 0:
+                    return self.send(500, {"error": {"message": f"EngineCore encountered an issue (stand-in: completion "
+                                                                f"{nth}, every {FAIL_EVERY}th fails)",
+                                                     "type": "InternalServerError", "code": 500}})
+                observe("ttft", TTFT_BUCKETS, time.time() - t0)
+                time.sleep(LATENCY / 2)
                 thinking = (req.get("chat_template_kwargs") or {}).get("enable_thinking", True)
                 max_tokens = int(req.get("max_tokens") or 1024)
                 reasoning = "The user asks a question; I compute the answer step by step." if thinking else None
@@ -216,9 +294,15 @@ class Handler(BaseHTTPRequestHandler):
                 content, finish = "391. The product is (17 x 20) + (17 x 3) = 391.", "stop"
                 if thinking and max_tokens <= r_tokens:
                     content, finish = None, "length"  # reasoning starved the answer (docs/recipes.md, max_tokens)
+                with LOCK:
+                    COUNTS["success"][finish] = COUNTS["success"].get(finish, 0) + 1
                 if req.get("stream"):
-                    return self.stream(req, hold, reasoning, content, finish)
+                    try:
+                        return self.stream(req, hold, reasoning, content, finish)
+                    finally:
+                        observe("e2e", E2E_BUCKETS, time.time() - t0)
                 time.sleep(hold)  # generating: in flight for /metrics meanwhile
+                observe("e2e", E2E_BUCKETS, time.time() - t0)
                 msg = {"role": "assistant", "content": content, "reasoning": reasoning,
                        "reasoning_content": reasoning, "tool_calls": []}
                 return self.send(200, {
@@ -362,7 +446,23 @@ def main(argv):
         signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
         worker_rendezvous(group[0], group[1], group[3], group_shape(args))
         return
+    # docker stop while loading: leave at once (PID 1 ignores SIGTERM without a handler)
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    release = os.environ.get("STANDIN_RELEASE", "base")
+    try:
+        host_fail = json.load(open("/etc/nemofleet-sim/profile.json")).get("standin_fail_release")
+    except (OSError, ValueError):
+        host_fail = None
+    # the engine loads before the API listens: connections are refused until then, as with vLLM
+    if group:  # the API is ready once every node has joined (vLLM's engine needs them all)
+        head_rendezvous(group[1], group[2], group_shape(args))
+    time.sleep(float(os.environ.get("STANDIN_STARTUP_SECONDS", "2")))
+    if os.environ.get("STANDIN_FAIL") == "start" or (host_fail and host_fail == release):
+        print("RuntimeError: Engine core initialization failed (STANDIN_FAIL=start)", file=sys.stderr, flush=True)
+        os._exit(1)
     server = ThreadingHTTPServer((args.host or "0.0.0.0", args.port or 8000), Handler)
+    STATE["ready"] = True
+
     def drain_then_stop():
         # like vLLM's --shutdown-timeout: no new requests, those in flight finish, then exit
         STATE["draining"] = True
@@ -378,24 +478,7 @@ def main(argv):
         server.shutdown()
 
     signal.signal(signal.SIGTERM, lambda *a: threading.Thread(target=drain_then_stop).start())
-
-    release = os.environ.get("STANDIN_RELEASE", "base")
-    try:
-        host_fail = json.load(open("/etc/nemofleet-sim/profile.json")).get("standin_fail_release")
-    except (OSError, ValueError):
-        host_fail = None
-
-    def load():
-        if group:  # the API is ready once every node has joined (vLLM's engine needs them all)
-            head_rendezvous(group[1], group[2], group_shape(args))
-        time.sleep(float(os.environ.get("STANDIN_STARTUP_SECONDS", "2")))
-        if os.environ.get("STANDIN_FAIL") == "start" or (host_fail and host_fail == release):
-            print("RuntimeError: Engine core initialization failed (STANDIN_FAIL=start)", file=sys.stderr, flush=True)
-            os._exit(1)
-        STATE["ready"] = True
-        print("INFO:     Application startup complete.", flush=True)
-
-    threading.Thread(target=load, daemon=True).start()
+    print("INFO:     Application startup complete.", flush=True)
     print(f"INFO:     Uvicorn running on http://{args.host or '0.0.0.0'}:{args.port or 8000}", flush=True)
     server.serve_forever()
 

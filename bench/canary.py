@@ -1,0 +1,189 @@
+"""Benchmark (not a timed test): the SLO-gated canary under steady client load (issue 38).
+
+    .venv/bin/python bench/canary.py [--bake 30]     # on the testbed of .testbed/ (`nemofleet testbed up`)
+
+Steady load on every host (a generator inside each test host, two clients, non-streamed chat
+completions round-robin over the host's instances as its health script lists them), then for each
+of the stand-in releases -slow, -flaky and -nf2: `nemofleet rollout --canary 1 --batch 1 --bake B
+--json` over a100-1, h100-1, h200-1. Reported per release: the rollout's result and exit code, the
+failed client requests at the canary and on the hosts outside it (goal 0), the time from the
+rollout's start to the fleet back on the old release (for a rolled-back release: when the command
+ends, its rollback gated), and the largest gap between two progress lines of the rollout (the
+"never silent over 10 s" figure). The fleet is converged back to the inventory's release after
+each release. Results: printed, and bench/results/canary.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTS = ["a100-1", "h100-1", "h200-1"]
+BASE = "vllm/vllm-openai:v0.27.1"
+RELEASES = ["slow", "flaky", "nf2"]
+CLIENTS = 2
+STOP = "/tmp/nf_canary_load_stop"
+
+
+# ---------------------------------------------------------------------------- on the host
+
+def load(clients: int) -> dict:
+    """Until the stop file appears: completions round-robin over the host's instances."""
+    import itertools
+    import re
+    import urllib.error
+    import urllib.request as u
+
+    text = open("/usr/local/bin/nemofleet-health").read()
+    block = text.split("INSTANCES=(", 1)[1].split(")", 1)[0]
+    inst = [ln.split() for ln in block.strip().splitlines() if ln.split() and ln.split()[1] != "0"]
+    key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
+    ring = itertools.cycle(inst)
+    lock = threading.Lock()
+    out = {"requests": 0, "failed": 0, "errors": {}}
+
+    def client():
+        while not os.path.exists(STOP):
+            with lock:
+                name, port, model = next(ring)[:3]
+            body = json.dumps({"model": model, "max_tokens": 64,
+                               "messages": [{"role": "user", "content": "What is 17*23?"}]}).encode()
+            req = u.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+            why = ""
+            try:
+                with u.urlopen(req, timeout=60) as r:
+                    r.read()
+            except urllib.error.HTTPError as exc:
+                why = f"HTTP {exc.code}"
+            except Exception as exc:  # noqa: BLE001 - every failure counts, with its reason
+                why = type(exc).__name__
+            if why:
+                time.sleep(0.2)  # a refused port or a draining instance: a client retries, it does not spin
+            with lock:
+                out["requests"] += 1
+                if why:
+                    out["failed"] += 1
+                    out["errors"][why] = out["errors"].get(why, 0) + 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+# ---------------------------------------------------------------------------- on the controller
+
+def start_load(host: str) -> subprocess.Popen:
+    from nemofleet import testbed
+
+    c = testbed.container(host)
+    subprocess.run(["docker", "exec", c, "rm", "-f", STOP], check=True)
+    subprocess.run(["docker", "cp", __file__, f"{c}:/tmp/nf_canary_load.py"], check=True)
+    return subprocess.Popen(["docker", "exec", c, "python3", "/tmp/nf_canary_load.py", "load", str(CLIENTS)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def stop_load(host: str, p: subprocess.Popen) -> dict:
+    from nemofleet import testbed
+
+    subprocess.run(["docker", "exec", testbed.container(host), "touch", STOP], check=True)
+    out, _ = p.communicate(timeout=120)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def rollout(args: list[str], hosts: list[str] = HOSTS) -> dict:
+    """Run `nemofleet rollout --json`, timing each progress line (stderr) as it comes."""
+    nemofleet = str(Path(sys.executable).with_name("nemofleet"))
+    cmd = [nemofleet, "rollout", "inventories/testbed.py", "--json", *args]
+    for h in hosts:
+        cmd += ["--limit", h]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL)
+    stamps, lines = [t0], []
+
+    def read_err():
+        for line in p.stderr:  # type: ignore[union-attr]
+            stamps.append(time.monotonic())
+            lines.append(line.rstrip())
+    reader = threading.Thread(target=read_err)
+    reader.start()
+    out = p.stdout.read()  # type: ignore[union-attr]
+    p.wait()
+    reader.join()
+    end = time.monotonic()
+    stamps.append(end)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = {"result": "no JSON", "raw": out[-2000:]}
+    return {"rc": p.returncode, "doc": doc, "seconds": round(end - t0, 1), "largest_gap_s": round(max(gaps), 1),
+            "log": lines}
+
+
+def converge() -> None:
+    pyinfra = str(Path(sys.executable).with_name("pyinfra"))
+    args = [pyinfra, "-y", "inventories/testbed.py", "deploys/nemotron.py"]
+    for h in HOSTS:
+        args += ["--limit", h]
+    subprocess.run(args, cwd=ROOT, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+
+
+def one_release(release: str, bake: float) -> dict:
+    loads = {h: start_load(h) for h in HOSTS}
+    time.sleep(3)  # the load flows before the rollout starts
+    r = rollout(["--canary", "1", "--batch", "1", "--wait", "120", "--bake", str(bake),
+                 "--data", f"vllm_image={BASE}-{release}"])
+    done = {h: stop_load(h, p) for h, p in loads.items()}
+    doc = r["doc"]
+    canary_hosts = [h for h, v in (doc.get("hosts") or {}).items() if v.get("canary")] or HOSTS[:1]
+    return {
+        "release": release, "result": doc.get("result"), "rc": r["rc"], "reason": doc.get("reason"),
+        "seconds": r["seconds"],
+        "back_on_old_release_s": r["seconds"] if doc.get("result") == "rolled_back" else None,
+        "largest_progress_gap_s": r["largest_gap_s"],
+        "failed_outside_canary": sum(done[h]["failed"] for h in HOSTS if h not in canary_hosts),
+        "requests_outside_canary": sum(done[h]["requests"] for h in HOSTS if h not in canary_hosts),
+        "failed_at_canary": sum(done[h]["failed"] for h in canary_hosts),
+        "requests_at_canary": sum(done[h]["requests"] for h in canary_hosts),
+        "canary_errors": {k: v for h in canary_hosts for k, v in done[h]["errors"].items()},
+        "batches": doc.get("batches"), "hosts": {h: (v.get("from"), v.get("to"), v.get("result"))
+                                                 for h, v in (doc.get("hosts") or {}).items()},
+        "log": r["log"],
+    }
+
+
+def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bake", type=float, default=30)
+    ap.add_argument("--releases", default=",".join(RELEASES))
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ["PYINFRA_PROGRESS"] = "off"
+    results = []
+    for release in a.releases.split(","):
+        res = one_release(release, a.bake)
+        results.append(res)
+        print(json.dumps({k: v for k, v in res.items() if k not in ("batches", "log")}, indent=1), flush=True)
+        converge()  # back to the inventory's release for the next one
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench" / "results" / "canary.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["load"]:
+        print(json.dumps(load(int(sys.argv[2]))))
+    else:
+        sys.exit(main())
