@@ -205,7 +205,9 @@ def read_secrets(data: dict) -> Secrets:
         path = data.get(f"{name}_file", key.default if key is not None else None)
         origin = name
         if not (isinstance(value, str) and value) and isinstance(path, str) and path:
-            value, why = _read_secret_file(name, path, explicit)
+            # the path's own type first (one line, bounded): it is named in every sentence below
+            why = settings_mod._check(key, path) if explicit and key is not None else None
+            value, why = (None, why) if why else _read_secret_file(name, path, explicit)
             origin = f"{name}_file {path}"
             if why:
                 problems.append(why)

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+from .valuetypes import shown
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
               "pci.bus_id", "mig.mode.current", "persistence_mode")
 
@@ -78,13 +82,17 @@ def typed(name: str, value, where: str = ""):
     nvidia-smi prints for that field. Accepts an already-typed value too (facts files)."""
     if value is None or isinstance(value, bool) and name in YES_NO + ACTIVE:
         return value
-    text = str(value).strip()
+    if isinstance(value, int) and not isinstance(value, bool) and (name in COUNTS or name == "index"):
+        if 0 <= value <= 2**53:  # a count, a temperature, a link width: never negative, never absurd
+            return value
+    if not isinstance(value, str):  # a facts file's number, list or mapping where nvidia-smi prints text
+        raise Unreadable(f"the health facts hold {shown(value)} for {name}{where}, which nvidia-smi never prints; "
+                         "write them with `pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
+    text = value.strip()
     if text in NOT_REPORTED:
         return None
     if name in COUNTS or name == "index":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if re.fullmatch(r"\d+", text):
+        if re.fullmatch(r"\d{1,15}", text):
             return int(text)
     elif name in YES_NO:
         if text in ("Yes", "No"):
@@ -92,7 +100,7 @@ def typed(name: str, value, where: str = ""):
     elif name in ACTIVE:
         if text in ("Active", "Not Active"):
             return text == "Active"
-    elif isinstance(value, str) and not (text.startswith("[") and text.endswith("]")):
+    elif not (text.startswith("[") and text.endswith("]")) and len(text) <= 200 and not _CONTROL.search(text):
         return text
-    raise Unreadable(f"nvidia-smi printed {text[:60]!r} for {name}{where}, which nemofleet cannot read; "
+    raise Unreadable(f"nvidia-smi printed {shown(text)} for {name}{where}, which nemofleet cannot read; "
                      "run nvidia-smi -q on the host")

@@ -100,17 +100,17 @@ def _frontends(value) -> str | None:
             return "must be a list of mappings with a network name (and alias, create)"
         extra = sorted(map(str, set(fe) - {"name", "network", "alias", "create"}))
         if extra:
-            return f"entry {fe.get('network')!r} has unknown keys {', '.join(extra)} (known: name, network, alias, create)"
+            return f"entry {vt.shown(fe.get('network'))} has unknown keys {', '.join(extra)} (known: name, network, alias, create)"
         for k in ("name", "network", "alias"):
             if fe.get(k) is not None and not (isinstance(fe[k], str) and re.fullmatch(NAME, fe[k])):
-                return (f"{k} {fe[k]!r} must be a Docker name (letters, digits, '_', '.', '-'; no ',' '=' "
+                return (f"{k} {vt.shown(fe[k])} must be a Docker name (letters, digits, '_', '.', '-'; no ',' '=' "
                         "or spaces, which would inject docker options)")
         if fe.get("create") is not None and not isinstance(fe["create"], bool):
-            return f"create of {fe['network']!r} must be true or false"
+            return f"create of {vt.shown(fe['network'])} must be true or false"
     networks = [fe["network"] for fe in value]
     twice = sorted({n for n in networks if networks.count(n) > 1})
     if twice:
-        return f"name the network {twice[0]!r} twice; list each frontend network once"
+        return f"name the network {vt.shown(twice[0])} twice; list each frontend network once"
     return None
 
 
@@ -118,9 +118,9 @@ def _str_map(what: str, key_pattern: str, value_pattern: str) -> Callable[[Any],
     def check(value) -> str | None:
         for k, v in (value or {}).items():
             if not isinstance(k, str) or not re.fullmatch(key_pattern, k):
-                return f"has a bad {what} key {k!r}"
+                return f"has a bad {what} key {vt.shown(k)}"
             if not isinstance(v, str) or not re.fullmatch(value_pattern, v):
-                return f"value of {k!r} must be a string matching {value_pattern} (got {v!r})"
+                return f"value of {vt.shown(k)} must be a string matching {value_pattern} (got {vt.shown(v)})"
         return None
     return check
 
@@ -128,11 +128,11 @@ def _str_map(what: str, key_pattern: str, value_pattern: str) -> Callable[[Any],
 def _flag_map(value) -> str | None:
     for k, v in (value or {}).items():
         if not isinstance(k, str) or not re.fullmatch(r"(--)?[a-z][a-z0-9_.-]*", k):
-            return f"flag {k!r} is not a vLLM flag name"
+            return f"flag {vt.shown(k)} is not a vLLM flag name"
         if isinstance(v, (dict, list)) or v is None or v is False:
-            return f"flag {k} needs a value or true (got {v!r})"
+            return f"flag {k} needs a value or true (got {vt.shown(v)})"
         if isinstance(v, float) and not vt.is_number(v):
-            return f"flag {k} has {v!r}, not a finite number"
+            return f"flag {k} has {vt.shown(v)}, not a finite number"
         if _CONTROL.search(str(v)):
             return f"flag {k} has a control character in its value"
     return None
@@ -141,10 +141,10 @@ def _flag_map(value) -> str | None:
 def _instance_flags(value) -> str | None:
     for name, flags in (value or {}).items():
         if not isinstance(flags, dict):
-            return f"entry {name!r} must be a mapping of flag to value"
+            return f"entry {vt.shown(name)} must be a mapping of flag to value"
         why = _flag_map(flags)
         if why:
-            return f"entry {name!r}: {why}"
+            return f"entry {vt.shown(name)}: {why}"
     return None
 
 
@@ -152,7 +152,7 @@ def _gpu_refs(value) -> str | None:
     for ref in value or []:
         if isinstance(ref, bool) or not (isinstance(ref, int) and 0 <= ref < 1024
                                          or isinstance(ref, str) and re.fullmatch(r"(GPU|MIG)-[0-9a-fA-F-]{8,64}", ref)):
-            return f"entry {ref!r} is neither a GPU index nor a GPU UUID (GPU-...)"
+            return f"entry {vt.shown(ref)} is neither a GPU index nor a GPU UUID (GPU-...)"
     if value is not None and not value:
         return "is empty; leave it unset to use every GPU"
     return None
@@ -165,7 +165,7 @@ def _seed(value) -> str | None:
         # several peers, tried in order (then the mirror): what the fleet fan-out hands a host
         if not 1 <= len(value) <= 8:
             return "must list 1 to 8 peers (tried in order, then the mirror)"
-        return next((f"entry {v!r} {why}" for v in value for why in [_seed(v)] if why), None)
+        return next((f"entry {vt.shown(v)} {why}" for v in value for why in [_seed(v)] if why), None)
     if isinstance(value, str):
         value = {"host": value}
     if not isinstance(value, dict) or not isinstance(value.get("host"), str) or not re.fullmatch(HOSTNAME, value["host"]):
@@ -175,18 +175,18 @@ def _seed(value) -> str | None:
         return f"has unknown keys {', '.join(extra)}"
     if value.get("user") is not None and not (isinstance(value["user"], str)
                                               and re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value["user"])):
-        return f"user {value['user']!r} is not a user name"
+        return f"user {vt.shown(value['user'])} is not a user name"
     if value.get("port") is not None and vt.port_problem(value["port"]):
         return f"port {vt.port_problem(value['port'])}"
     key = value.get("key")
     if key is not None and not (isinstance(key, str) and re.fullmatch(HOME_PATH, key)):
-        return f"key {key!r} must be the path of the private key file on the host (e.g. /root/.ssh/seed)"
+        return f"key {vt.shown(key)} must be the path of the private key file on the host (e.g. /root/.ssh/seed)"
     for name, what in (("wait", "may show no progress while it is still fetching the weights itself"),
                        ("start", "may take to begin fetching the weights itself: its directory appears")):
         if value.get(name) is not None and not (vt.is_int(value[name]) and 10 <= value[name] <= 86400):
-            return f"{name} {value[name]!r} must be 10 to 86400 seconds (how long the peer {what})"
+            return f"{name} {vt.shown(value[name])} must be 10 to 86400 seconds (how long the peer {what})"
     if value.get("held") is not None and not isinstance(value["held"], bool):
-        return f"held {value['held']!r} must be true or false (copy from the peer only if it holds a verified copy now)"
+        return f"held {vt.shown(value['held'])} must be true or false (copy from the peer only if it holds a verified copy now)"
     if value.get("held") and (value.get("wait") is not None or value.get("start") is not None):
         return "held (copy only if it holds a verified copy now) and wait/start (wait while it fetches) exclude each other"
     return None
@@ -220,7 +220,7 @@ def _gateway_backends(value) -> str | None:
     seen_targets, seen_names = set(), set()
     for n, b in enumerate(value or [], 1):
         if not isinstance(b, dict):
-            return f"entry {n} must be a mapping {{host, port, name}}, not {b!r}"
+            return f"entry {n} must be a mapping {{host, port, name}}, not {vt.shown(b)}"
         extra = sorted(map(str, set(b) - {"host", "port", "name"}))
         if extra:
             return f"entry {n} has unknown keys {', '.join(map(str, extra))} (known: host, port, name)"
@@ -230,7 +230,7 @@ def _gateway_backends(value) -> str | None:
         if vt.port_problem(port):
             return f"entry {n} ({h}): port {vt.port_problem(port)}"
         if name is not None and not (isinstance(name, str) and re.fullmatch(NAME, name)):
-            return f"entry {n} ({h}): name {name!r} must be letters, digits, '_', '.', '-'"
+            return f"entry {n} ({h}): name {vt.shown(name)} must be letters, digits, '_', '.', '-'"
         name = name or f"{h}:{port}"
         if (h, port) in seen_targets:
             return f"entry {n} repeats {h}:{port}"
@@ -247,7 +247,7 @@ def _model(value) -> str | None:
     from . import models
 
     if isinstance(value, str) and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value):
-        return f"{value!r} is not a catalog key"
+        return f"{vt.shown(value)} is not a catalog key"
     try:
         models.resolve(value)
     except models.UnknownModel as exc:
@@ -269,7 +269,7 @@ def _driver_packages(value) -> str | None:
     or `{x}`, and `{branch.upper}` reads an attribute)."""
     for name in value or []:
         if re.sub(r"\{branch\}", "", name).count("{") or re.sub(r"\{branch\}", "", name).count("}"):
-            return f"entry {name!r} may use {{branch}} and no other braces"
+            return f"entry {vt.shown(name)} may use {{branch}} and no other braces"
     return None
 
 
@@ -383,7 +383,7 @@ KEYS: list[Key] = [
         "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
     Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
         check=lambda v: None if v is None or v in LOG_DRIVERS else
-        f"{v!r} is not one of Docker's log drivers ({', '.join(LOG_DRIVERS)}); dockerd would refuse to start"),
+        f"{vt.shown(v)} is not one of Docker's log drivers ({', '.join(LOG_DRIVERS)}); dockerd would refuse to start"),
     Key("docker_log_opts", (_D, _N), {"max-size": "100m", "max-file": "3"},
         "daemon.json log-opts, string values (none: leave as is)", "docker"),
     Key("docker_exec_opts", (_L, _N), None, "daemon.json exec-opts (none: nemofleet decides for the NVML trap)",
@@ -461,7 +461,7 @@ KEYS: list[Key] = [
         "bootstrap"),
     Key("container_toolkit_version", (_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
         check=lambda v: None if v is None or re.fullmatch(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", v) else
-        f"must be a pinned package version such as '1.18.0-1' (got {v!r})"),
+        f"must be a pinned package version such as '1.18.0-1' (got {vt.shown(v)})"),
     Key("container_toolkit_repo", (_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
         pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
     Key("container_toolkit_key_file", (_S, _N), None, "the repository's signing key (file on the controller)",
@@ -604,7 +604,7 @@ class _SettingsBase(_Typed):
         return self.model_copy(update=changes)
 
     def __repr__(self) -> str:  # secrets are Secret: shown as <secret>
-        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in self) + ")"
+        return "Settings(" + ", ".join(f"{k}={vt.shown(v)}" for k, v in self) + ")"
 
     __str__ = __repr__
 
@@ -614,36 +614,47 @@ Settings = pydantic.create_model(
     **{k.name: (_annotation(k), pydantic.Field(default=None, description=k.doc)) for k in KEYS})
 
 
+# the longest one-line value any setting holds (an image reference, a URL, a no_proxy list...): longer
+# is a paste gone wrong, never a plan, and it would be echoed into units and files; a PEM key may be
+# longer
+MAX_TEXT = 4096
+MAX_PEM = 65536
+
+
 def _check(key: Key, value) -> str | None:
     if value is None and type(None) in key.types:
         return None
     if isinstance(value, bool) and bool not in key.types:
-        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {value!r}"
+        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.shown(value)}"
     if not isinstance(value, key.types):
-        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {value!r}"
+        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.shown(value)}"
     if key.choices is not None and value not in key.choices:
         shown = [str(c) for c in key.choices if c]
-        return f"{key.name} {value!r} is unknown; use {', '.join(shown[:-1])} or {shown[-1]}"
+        return f"{key.name} {vt.shown(value)} is unknown; use {', '.join(shown[:-1])} or {shown[-1]}"
     if isinstance(value, float) and not vt.is_number(value):
-        return f"{key.name} {value!r} is not a finite number"
+        return f"{key.name} {vt.shown(value)} is not a finite number"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if key.minimum is not None and value < key.minimum:
-            return f"{key.name} {value!r} must be at least {key.minimum:g}"
+            return f"{key.name} {vt.shown(value)} must be at least {key.minimum:g}"
         if key.maximum is not None and value > key.maximum:
-            return f"{key.name} {value!r} must be at most {key.maximum:g}"
+            return f"{key.name} {vt.shown(value)} must be at most {key.maximum:g}"
         if value > vt.INT_MAX:
-            return f"{key.name} {value!r} must be at most {vt.INT_MAX}"
+            return f"{key.name} {vt.shown(value)} must be at most {vt.INT_MAX}"
     if isinstance(value, list) and key.pattern and not all(isinstance(i, str) for i in value):
-        return f"{key.name} must be a list of strings ({key.doc}), not {value!r}"
+        return f"{key.name} must be a list of strings ({key.doc}), not {vt.shown(value)}"
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
     for item in items:
-        text = str(item)
+        text = str(item) if isinstance(item, str) else vt.shown(item)
+        if len(text) > (MAX_PEM if key.multiline else MAX_TEXT):
+            return (f"{key.name} is {len(text)} characters long; a value of it is at most "
+                    f"{MAX_PEM if key.multiline else MAX_TEXT}")
         if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
-            return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else repr(text)}"
+            return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
         if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
-            return f"{key.name}: {text!r} needs a scheme, e.g. https://{text}"
+            example = f"https://{text}" if len(text) <= vt.SHOWN else "http:// or https://"
+            return f"{key.name}: {vt.shown(text)} needs a scheme, e.g. {example}"
         if key.pattern and not re.fullmatch(key.pattern, text):
-            shown = "its value" if key.secret else repr(text)
+            shown = "its value" if key.secret else vt.shown(text)
             return f"{key.name} {shown} is not valid here ({key.doc}; expected {key.pattern})"
     if key.check is not None:
         why = key.check(value)
@@ -655,7 +666,7 @@ def _check(key: Key, value) -> str | None:
 def unknown_key_sentence(name: str) -> str:
     close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
     hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
-    return f"unknown setting {name!r}{hint}"
+    return f"unknown setting {vt.shown(name)}{hint}"
 
 
 # pyinfra's own secret host data (connector passwords, the sudo/su password argument)
@@ -692,7 +703,7 @@ def parse(data: dict) -> Settings:
         raise SettingsError([f"host data must be a mapping of setting names to values, not {type(data).__name__}"])
     odd = [k for k in data if not isinstance(k, str)]
     if odd:
-        raise SettingsError([f"setting names must be strings; {odd[0]!r} ({type(odd[0]).__name__}) is not one"])
+        raise SettingsError([f"setting names must be strings; {vt.shown(odd[0])} ({type(odd[0]).__name__}) is not one"])
     for name in sorted(data):
         if name not in BY_NAME and not is_foreign(name):
             problems.append(unknown_key_sentence(name))

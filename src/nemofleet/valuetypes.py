@@ -19,6 +19,22 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 INT_MAX = 2**53
 
 
+# A value as a message shows it: repr() shortened to SHOWN characters (a 20,000-character string or
+# a nested list is named, not echoed), and a number too long for repr() (int > 4300 digits raises
+# ValueError) described by its size; a value nested past the recursion limit is not shown either.
+SHOWN = 60
+
+
+def shown(value) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if is_int(value) else "a value"
+    except RecursionError:
+        return "a value nested too deeply to show"
+    return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
+
+
 def is_int(value) -> bool:
     """An integer that is not a bool (True is an int to Python, never to a user)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -34,29 +50,29 @@ def is_number(value) -> bool:
 
 def int_problem(value, minimum: int | None = None, maximum: int | None = None) -> str | None:
     if not is_int(value):
-        return f"must be an integer, not {value!r}"
+        return f"must be an integer, not {shown(value)}"
     if minimum is not None and value < minimum:
-        return f"{value!r} must be at least {minimum}"
+        return f"{shown(value)} must be at least {minimum}"
     if value > (INT_MAX if maximum is None else maximum):
-        return f"{value!r} must be at most {INT_MAX if maximum is None else maximum}"
+        return f"{shown(value)} must be at most {INT_MAX if maximum is None else maximum}"
     return None
 
 
 def number_problem(value, minimum: float | None = None, maximum: float | None = None) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a number, not {value!r}"
+        return f"must be a number, not {shown(value)}"
     if not math.isfinite(value):
-        return f"{value!r} is not a finite number"
+        return f"{shown(value)} is not a finite number"
     if minimum is not None and value < minimum:
-        return f"{value!r} must be at least {minimum:g}"
+        return f"{shown(value)} must be at least {minimum:g}"
     if maximum is not None and value > maximum:
-        return f"{value!r} must be at most {maximum:g}"
+        return f"{shown(value)} must be at most {maximum:g}"
     return None
 
 
 def port_problem(value) -> str | None:
     if not is_int(value) or not 0 < value < 65536:
-        return f"{value!r} is not a TCP port (1-65535)"
+        return f"{shown(value)} is not a TCP port (1-65535)"
     return None
 
 
@@ -64,9 +80,9 @@ def text_problem(value) -> str | None:
     """A one-line string (no control character: a newline would start a new cron line, unit
     directive, HAProxy statement or env-file variable)."""
     if not isinstance(value, str):
-        return f"must be a string, not {value!r}"
+        return f"must be a string, not {shown(value)}"
     if _CONTROL.search(value):
-        return f"{value!r} has a control character (newline, tab...)"
+        return f"{shown(value)} has a control character (newline, tab...)"
     return None
 
 
@@ -77,13 +93,13 @@ def ip_problem(value) -> str | None:
     """An IPv4 or IPv6 address without a scope id: Python's ipaddress accepts `fe80::1%<any text
     but / and %>`, and that text would reach a URL, a docker -p or an HAProxy line."""
     if not isinstance(value, str):
-        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
+        return f"{shown(value)} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
     if "%" in value:
-        return f"{value!r} has an IPv6 scope id (%...); give the address alone"
+        return f"{shown(value)} has an IPv6 scope id (%...); give the address alone"
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        return f"{value!r} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
+        return f"{shown(value)} is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::1)"
     return None
 
 
@@ -98,14 +114,14 @@ def fact_ip_problem(value) -> str | None:
     letters, digits, '_', '.', '-'. What a compromised host could put after '%' (`$(id)`, a
     quote, a slash) is refused here, at the edge, before any decision reads it."""
     if not isinstance(value, str) or len(value) > 128:
-        return f"{value!r} is not an IP address"
+        return f"{shown(value)} is not an IP address"
     addr, sep, scope = value.partition("%")
     if sep and not _SCOPE_ID.fullmatch(scope):
-        return f"{value!r} has a scope id that is not an interface name or number"
+        return f"{shown(value)} has a scope id that is not an interface name or number"
     try:
         ipaddress.ip_address(addr)
     except ValueError:
-        return f"{value!r} is not an IP address"
+        return f"{shown(value)} is not an IP address"
     return None
 
 
@@ -124,19 +140,19 @@ INTERFACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}")
 def interface_problem(value) -> str | None:
     if isinstance(value, str) and INTERFACE.fullmatch(value):
         return None
-    return f"{value!r} is not a network interface name"
+    return f"{shown(value)} is not a network interface name"
 
 
 def gpu_uuid_problem(value) -> str | None:
     if isinstance(value, str) and GPU_UUID.fullmatch(value):
         return None
-    return f"{value!r} is not a GPU UUID as nvidia-smi prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+    return f"{shown(value)} is not a GPU UUID as nvidia-smi prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
 
 
 def bus_id_problem(value) -> str | None:
     if isinstance(value, str) and PCI_BUS_ID.fullmatch(value):
         return None
-    return f"{value!r} is not a PCI bus id as nvidia-smi prints it (00000000:19:00.0)"
+    return f"{shown(value)} is not a PCI bus id as nvidia-smi prints it (00000000:19:00.0)"
 
 
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -149,16 +165,16 @@ def host_problem(value) -> str | None:
         return None
     if isinstance(value, str) and "%" not in value and len(value) <= 253 and DNS_NAME.fullmatch(value):
         return None
-    return f"{value!r} is not an IP address or a host name"
+    return f"{shown(value)} is not an IP address or a host name"
 
 
 def network_problem(value) -> str | None:
     if not isinstance(value, str) or "%" in value:
-        return f"{value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+        return f"{shown(value)} is not a network in CIDR form (e.g. 10.0.0.0/8)"
     try:
         ipaddress.ip_network(value, strict=False)
     except ValueError:
-        return f"{value!r} is not a network in CIDR form (e.g. 10.0.0.0/8)"
+        return f"{shown(value)} is not a network in CIDR form (e.g. 10.0.0.0/8)"
     return None
 
 
@@ -180,15 +196,15 @@ def managed_dir_problem(value) -> str | None:
     """An absolute, normalised directory that nemofleet may own on a host: no '..', '.', '//' or
     trailing '/', not the root or a system directory, not inside the system's own trees."""
     if not isinstance(value, str) or not _PATH.fullmatch(value) or len(value) > 4096:
-        return f"{value!r} must be an absolute path of letters, digits and ._+@- (e.g. /srv/nemofleet/models)"
+        return f"{shown(value)} must be an absolute path of letters, digits and ._+@- (e.g. /srv/nemofleet/models)"
     parts = value.split("/")[1:]
     if value != "/" and (value.endswith("/") or any(p in ("", ".", "..") for p in parts)):
-        return f"{value!r} must be a normalised path (no '..', '.', '//' or trailing '/')"
+        return f"{shown(value)} must be a normalised path (no '..', '.', '//' or trailing '/')"
     if value in SYSTEM_DIRS:
-        return (f"{value!r} is a system directory; nemofleet would write into it or serve all of it to the fleet's "
+        return (f"{shown(value)} is a system directory; nemofleet would write into it or serve all of it to the fleet's "
                 "seed key: give a directory of its own, e.g. /srv/nemofleet/models")
     if any(value.startswith(tree) for tree in SYSTEM_TREES):
-        return f"{value!r} lies inside the system's own tree {value.split('/')[1]!r}; give a directory of its own"
+        return f"{shown(value)} lies inside the system's own tree {shown(value.split('/')[1])}; give a directory of its own"
     return None
 
 
@@ -206,26 +222,26 @@ def cron_problem(value) -> str | None:
     every number inside its field's range and every step at least 1 (cron skips a line with
     `99 99 99 99 99` or `*/0` in it: a health check that never runs)."""
     if not isinstance(value, str):
-        return f"must be a cron schedule string, not {value!r}"
+        return f"must be a cron schedule string, not {shown(value)}"
     if value in CRON_KEYWORDS:
         return None
     fields = value.split(" ")
     if len(fields) != 5:
-        return (f"{value!r} is not a cron schedule: five fields separated by one space "
+        return (f"{shown(value)} is not a cron schedule: five fields separated by one space "
                 f"(minute hour day-of-month month day-of-week) or one of {', '.join(CRON_KEYWORDS)}")
     for text, (name, low, high) in zip(fields, CRON_FIELDS):
         for item in text.split(","):
             m = _CRON_ITEM.fullmatch(item)
             if not m:
-                return f"{value!r}: {name} field {text!r} is not `*`, N, N-M or either with /STEP"
+                return f"{shown(value)}: {name} field {shown(text)} is not `*`, N, N-M or either with /STEP"
             a, b, step = m.group(2), m.group(3), m.group(4)
             for n in (a, b):
                 if n is not None and not low <= int(n) <= high:
-                    return f"{value!r}: {name} {int(n)} is outside {low}-{high}"
+                    return f"{shown(value)}: {name} {int(n)} is outside {low}-{high}"
             if a is not None and b is not None and int(a) > int(b):
-                return f"{value!r}: {name} range {a}-{b} runs backwards"
+                return f"{shown(value)}: {name} range {a}-{b} runs backwards"
             if step is not None and not 1 <= int(step) <= high:
-                return f"{value!r}: {name} step /{int(step)} must be from 1 to {high}"
+                return f"{shown(value)}: {name} step /{int(step)} must be from 1 to {high}"
     return None
 
 
@@ -241,7 +257,7 @@ REPO_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")
 def repo_problem(value) -> str | None:
     if not isinstance(value, str) or not REPO_ID.fullmatch(value) or "--" in value or ".." in value \
             or len(value) > 96:
-        return (f"{value!r} is not a Hugging Face repo id (org/name: letters, digits, '-', '_', '.', "
+        return (f"{shown(value)} is not a Hugging Face repo id (org/name: letters, digits, '-', '_', '.', "
                 "no '--' or '..', at most 96 characters)")
     return None
 
@@ -256,7 +272,7 @@ def revision_problem(value) -> str | None:
     `.lock` ending, no control character; 255 characters at most."""
     if (not isinstance(value, str) or not REVISION.fullmatch(value) or ".." in value or value.startswith("-")
             or value.endswith(".lock") or len(value) > 255):
-        return (f"{value!r} is not a branch, tag or commit (letters, digits, '_', '+', '-', '.' in parts "
+        return (f"{shown(value)} is not a branch, tag or commit (letters, digits, '_', '+', '-', '.' in parts "
                 "joined by '/'; no '..', no leading '/' or '-')")
     return None
 
@@ -264,5 +280,5 @@ def revision_problem(value) -> str | None:
 def file_name_problem(value) -> str | None:
     """One file name in a directory: no `/`, not `.` or `..`, no leading `-` or `.`."""
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
-        return f"{value!r} is not a plain file name (letters, digits, '_', '.', '+', '-')"
+        return f"{shown(value)} is not a plain file name (letters, digits, '_', '.', '+', '-')"
     return None

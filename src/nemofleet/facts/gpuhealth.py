@@ -166,13 +166,14 @@ def _xid(text: str, out: dict) -> None:
 
 def _reset(text: str, out: dict) -> None:
     parts = text.split()
-    if len(parts) == 2 and re.fullmatch(r"\d+", parts[1]):
+    if len(parts) == 2 and re.fullmatch(r"\d{1,12}", parts[1]):  # a unix time; a file read back, bounded
         key = bus_key(parts[0])
         out["resets"][key] = max(int(parts[1]), out["resets"].get(key, 0))
 
 
 def _drained(text: str, out: dict) -> None:
     parts = text.split(None, 3)
-    if len(parts) >= 3 and parts[1].isdigit() and parts[2].isdigit():
+    # a file on the host read back: a line of another shape (or an absurd number) is left out
+    if len(parts) >= 3 and re.fullmatch(r"\d{1,12}", parts[1]) and re.fullmatch(r"\d{1,4}", parts[2]):
         out["drained"][parts[0]] = {"since": int(parts[1]), "index": int(parts[2]),
                                     "reason": parts[3].strip() if len(parts) > 3 else ""}

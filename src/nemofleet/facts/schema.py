@@ -7,8 +7,9 @@ a checkpoint config.json with a string where a number is). HostFacts.process and
 reader call it, so a malformed part refuses that host in one sentence, never with a traceback
 further up.
 
-A spec is: a Python type (int and float exclude bool; numbers are finite), `Opt(spec)` (or
-null), `List(spec)`, `Map(value_spec)` (string keys), `Int(min, max)`, `Obj({key: spec})`
+A spec is: a Python type (int and float exclude bool; numbers are finite; a `str` is one line of at
+most MAX_TEXT printable characters: facts are echoed into sentences, units and files), `TEXT` (a
+file's text or an error message: line breaks allowed, bounded), `Opt(spec)` (or null), `List(spec)`, `Map(value_spec)` (string keys), `Int(min, max)`, `Obj({key: spec})`
 (`?key` optional; other keys are allowed and ignored), or ANY.
 """
 
@@ -16,7 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number
+import re
+
+from ..valuetypes import (INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number,
+                          shown)
+
+MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
+MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Check:
 
 
 ANY = object()
+TEXT = object()  # see the module docstring
 
 _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
           list: "a list"}
@@ -62,6 +71,10 @@ _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a n
 def _problem(value, spec, where: str) -> str | None:
     if spec is ANY:
         return None
+    if spec is TEXT:
+        if not isinstance(value, str):
+            return f"{where} is {_short(value)}, not a string"
+        return f"{where} is {len(value)} characters long, more than {MAX_FILE}" if len(value) > MAX_FILE else None
     if isinstance(spec, Opt):
         return None if value is None else _problem(value, spec.spec, where)
     if isinstance(spec, Check):
@@ -69,7 +82,7 @@ def _problem(value, spec, where: str) -> str | None:
         return f"{where} {why}" if why else None
     if isinstance(spec, Int):
         if isinstance(value, bool) or not isinstance(value, int) or not spec.minimum <= value <= spec.maximum:
-            return f"{where} is {value!r}, not an integer from {spec.minimum} to {spec.maximum}"
+            return f"{where} is {_short(value)}, not an integer from {spec.minimum} to {spec.maximum}"
         return None
     if isinstance(spec, List):
         if not isinstance(value, list):
@@ -84,10 +97,12 @@ def _problem(value, spec, where: str) -> str | None:
             return f"{where} is {_short(value)}, not a mapping"
         for k, v in value.items():
             if not isinstance(k, str):
-                return f"{where} has a key {k!r} that is not a string"
+                return f"{where} has a key {_short(k)} that is not a string"
             if spec.key is not None and spec.key.problem(k):
                 return f"{where} has a key {spec.key.problem(k)}"
-            why = _problem(v, spec.spec, f"{where}[{k!r}]")
+            if len(k) > MAX_TEXT or _CONTROL.search(k):
+                return f"{where} has a key {_short(k)} with a control character or of more than {MAX_TEXT} characters"
+            why = _problem(v, spec.spec, f"{where}[{_short(k)}]")
             if why:
                 return why
         return None
@@ -111,12 +126,14 @@ def _problem(value, spec, where: str) -> str | None:
         return _problem(value, Int(-INT_MAX, INT_MAX), where)
     if isinstance(value, bool) and spec is not bool or not isinstance(value, spec):
         return f"{where} is {_short(value)}, not {_NAMES.get(spec, spec.__name__)}"
+    if spec is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
+        return (f"{where} is {_short(value)}, not one line of at most {MAX_TEXT} printable characters "
+                "(a line break or another control character, or too long)")
     return None
 
 
 def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value)
 
 
 # the uuid and bus id reach `docker run --gpus device=...`, unit files and commands: typed here
@@ -134,14 +151,23 @@ MODEL_DIR = Obj({"?total_size": Opt(Int(0, 10**15)), "?config": CHECKPOINT_CONFI
                  "?marker_ok": Obj({"present_bytes": Int(0, 10**15), "total_size": Opt(Int(0, 10**15)),
                                     "incomplete_files": Int(0, 10**9)})})
 
+UNIX_MAX = 2**40  # a unix time (year 36812): beyond is no time a host can have
+_XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")
+
+
+def _xid_bus_problem(value) -> str | None:
+    """A bus id as a kernel Xid line gives it (0000:07:00, nvsmi.bus_key)."""
+    return None if isinstance(value, str) and _XID_BUS.fullmatch(value) else f"{_short(value)} is not a PCI bus id"
+
+
 PARTS = {
-    "gpus": Obj({"?smi": bool, "?rc": Opt(int), "?error": Opt(str), "driver": Opt(str), "gpus": List(GPU)}),
+    "gpus": Obj({"?smi": bool, "?rc": Opt(int), "?error": Opt(TEXT), "driver": Opt(str), "gpus": List(GPU)}),
     "cuda": Opt(str),
     "toolkit": Obj({"?version": Opt(str), "?hook": bool, "?runtime": bool, "?cdi_specs": List(str),
                     "?cdi_refresh": bool}),
     "docker": Obj({"?installed": bool, "?running": bool, "?server": Opt(str), "?cgroup_driver": Opt(str),
                    "?cgroup_version": Opt(int), "?default_runtime": Opt(str), "?runtimes": List(str)}),
-    "daemon_json": Obj({"?exists": bool, "?text": str, "data": Opt(dict), "?error": Opt(str)}),
+    "daemon_json": Obj({"?exists": bool, "?text": TEXT, "data": Opt(dict), "?error": Opt(TEXT)}),
     "cgroup": Opt(Int(1, 2)),
     "os": Map(str),
     "disk_free": Opt(Int(0, 2**62)),
@@ -156,8 +182,13 @@ PARTS = {
     # facts/gpuhealth.py: per-GPU values keep nvidia-smi's query names and may be its own text in a
     # facts file ("Yes", "[N/A]"); gpuhealth.admit types each value where it reads it
     "health": Obj({"?gpus": List(Obj({"uuid": Check(gpu_uuid_problem)})), "?refused_fields": List(str),
-                   "?xids": List(Obj({"code": int})), "?resets": Map(ANY), "?drained": Map(ANY),
-                   "?fabric_manager": Opt(dict), "?error": Opt(str), "?boot_time": ANY}),
+                   "?xids": List(Obj({"code": Int(0, 10**6), "bus_id": Check(_xid_bus_problem), "?uptime": Opt(float),
+                                      "?time": Opt(float), "?text": Opt(str)})),
+                   "?resets": Map(Int(0, UNIX_MAX), key=Check(_xid_bus_problem)),
+                   "?drained": Map(Obj({"since": Int(0, UNIX_MAX), "index": Int(0, 1023), "?reason": Opt(str)}),
+                                   key=Check(gpu_uuid_problem)),
+                   "?fabric_manager": Opt(Obj({"?version": Opt(str), "?active": Opt(str)})), "?error": Opt(TEXT),
+                   "?boot_time": Opt(Int(0, UNIX_MAX))}),
 }
 
 
