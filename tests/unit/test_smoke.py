@@ -1,5 +1,5 @@
-"""`nemofleet smoke` (nemofleet.fleet.smoke): the program it runs on each host, run here with sh
-against a local HTTP server that checks the key as vLLM does, with the host's files in a temporary
+"""`nemofleet smoke` (nemofleet.fleet.smoke): the program it runs on each host (remote/smoke.py,
+through the shell line it builds), run here with sh against a local HTTP server that checks the key as vLLM does, with the host's files in a temporary
 directory; the command line it builds (no key on any argv, the prompt JSON-quoted on stdin); and
 the parsing of every kind of answer."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,44 +68,37 @@ def server():
     s.close()
 
 
-def health_script(port: int, model: str = "nemotron-3.5-lightning", worker: bool = False) -> str:
-    """The parts of a deployed nemofleet-health the smoke reads (templates/nemofleet-health.sh.j2)."""
-    group = "GROUP=mn GROUP_ROLE=worker GROUP_RANK=1 GROUP_HEAD=10.0.0.1 GROUP_PORT=29500" if worker else \
-        "GROUP= GROUP_ROLE= GROUP_RANK= GROUP_HEAD= GROUP_PORT="
+def health_config(port: int, model: str = "nemotron-3.5-lightning", worker: bool = False) -> str:
+    """The parts of a deployed /etc/nemofleet/health.json the smoke reads (render.health_config)."""
     p = 0 if worker else port
-    return (f"#!/bin/bash\nADDRESS=127.0.0.1  # where\nINSTANCES=(\n  nemotron-0 {p} {model} nemofleet-vllm-nemotron-0.service\n"
-            f"  nemotron-1 {p} {model} nemofleet-vllm-nemotron-1.service\n)\nGPUS=(\n  nemotron-0 GPU-1\n)\n{group}\n")
+    return json.dumps({"address": "127.0.0.1", "instances": [
+        {"name": "nemotron-0", "port": p, "model": model, "unit": "nemofleet-vllm-nemotron-0.service"},
+        {"name": "nemotron-1", "port": p, "model": model, "unit": "nemofleet-vllm-nemotron-1.service"}],
+        "group": {"name": "mn", "role": "worker", "rank": 1, "head": "10.0.0.1", "port": 29500} if worker else None})
 
 
 def host_script(tmp: Path, text: str) -> str:
     """The smoke program with the host's paths moved under `tmp`."""
-    for p in (paths.API_AUTH, paths.HEALTH_SCRIPT, paths.FRONT_DOOR_CFG):
+    for p in (paths.API_AUTH, paths.HEALTH_CONFIG, paths.FRONT_DOOR_CFG):
         assert p in text
         text = text.replace(p, str(tmp / Path(p).name))
     return text
 
 
 def run_on_host(tmp: Path, prompt: str, port: int, *, key: str | None = KEY, front_door: int | None = None,
-                model: str = "nemotron-3.5-lightning", worker: bool = False, curl: str | None = None):
+                model: str = "nemotron-3.5-lightning", worker: bool = False):
     if key is not None:
         (tmp / "api-auth.header").write_text(f"Authorization: Bearer {key}\n")
         (tmp / "api-auth.header").chmod(0o600)
-    (tmp / "nemofleet-health").write_text(health_script(port, model, worker))
+    (tmp / "health.json").write_text(health_config(port, model, worker))
     if front_door:
         (tmp / "haproxy.cfg").write_text(f"global\n\nfrontend front_door\n    bind 127.0.0.1:{front_door}\n"
                                          "    bind 172.17.0.1:8800\n    default_backend vllm\n")
-    env = dict(os.environ)
-    if curl:
-        env["PATH"] = f"{curl}:{env['PATH']}"
     r = subprocess.run(["sh", "-c", host_script(tmp, smoke.script(prompt))], capture_output=True, text=True,
-                       env=env, timeout=60)
+                       env=dict(os.environ), timeout=60)
     return r, smoke.parse("h1", r.returncode, r.stdout + r.stderr)
 
 
-needs_curl = pytest.mark.skipif(not shutil.which("curl"), reason="curl is needed to run the host's program")
-
-
-@needs_curl
 def test_a_completion_through_the_instance(tmp_path, server):
     r, a = run_on_host(tmp_path, "What is 17*23?", server.port)
     assert a.ok, (a, r.stdout, r.stderr)
@@ -119,7 +112,6 @@ def test_a_completion_through_the_instance(tmp_path, server):
     assert line.startswith("h1    ok ") and "68 tokens" in line and '"391. The product' in line
 
 
-@needs_curl
 def test_a_hostile_prompt_arrives_as_it_was_typed(tmp_path, server):
     r, a = run_on_host(tmp_path, HOSTILE, server.port)
     assert a.ok, (a, r.stdout, r.stderr)
@@ -127,28 +119,25 @@ def test_a_hostile_prompt_arrives_as_it_was_typed(tmp_path, server):
     assert not Path("/tmp/pwned").exists()
 
 
-@needs_curl
 def test_through_the_front_door_when_the_host_has_one(tmp_path, server):
     r, a = run_on_host(tmp_path, "hi", port=1, front_door=server.port)  # the instance port is not used
     assert a.ok, (a, r.stdout, r.stderr)
     assert a.via == f"front door 127.0.0.1:{server.port}"
 
 
-@needs_curl
 def test_a_wrong_key_is_one_sentence(tmp_path, server):
     r, a = run_on_host(tmp_path, "hi", server.port, key="sk-wrong")
     assert not a.ok
     assert a.error == f"HTTP 401 from instance 127.0.0.1:{server.port}: Unauthorized"
 
 
-@needs_curl
 def test_nothing_listening_is_one_sentence(tmp_path, server):
     port = server.port
     server.close()
     server.httpd.server_close()
     r, a = run_on_host(tmp_path, "hi", port)
     assert not a.ok
-    assert a.error.startswith(f"no HTTP answer from instance 127.0.0.1:{port}: curl: (7)")
+    assert a.error == f"no HTTP answer from instance 127.0.0.1:{port}: [Errno 111] Connection refused"
 
 
 def test_not_deployed_worker_and_bad_model_name(tmp_path):
@@ -160,34 +149,28 @@ def test_not_deployed_worker_and_bad_model_name(tmp_path):
     assert not a.ok and a.error == "its served model name is not an API model name"
 
 
-def test_the_key_is_on_no_command_line_and_the_prompt_comes_on_stdin(tmp_path):
-    """A curl that records its argv and stdin: the key is only in the header file it is given."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "curl").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\n'
-                               'cat > "$(dirname "$0")/stdin"\n'
-                               "printf '{\"choices\": [{\"message\": {\"content\": \"ok\"}}]}\\n@@nemofleet-smoke http 200 0.5'\n")
-    (bin_ / "curl").chmod(0o755)
-    r, a = run_on_host(tmp_path, HOSTILE, 8000, curl=str(bin_))
+def test_the_key_is_on_no_command_line_and_the_prompt_comes_on_stdin(tmp_path, server):
+    """The key is read on the host from the 0600 header file; the command line (what `ps` shows on
+    the controller and the host) holds the program and its paths, the prompt only as JSON on stdin."""
+    r, a = run_on_host(tmp_path, HOSTILE, server.port)
     assert a.ok, (a, r.stdout, r.stderr)
-    argv = (bin_ / "argv").read_text()
-    assert KEY not in argv and "Bearer" not in argv
-    assert f"@{tmp_path / 'api-auth.header'}" in argv.splitlines()
-    assert "--data-binary" in argv and "@-" in argv.splitlines()
-    assert HOSTILE not in argv and "17*23" not in argv
-    sent = json.loads((bin_ / "stdin").read_text())
-    assert sent["messages"][0]["content"] == HOSTILE and sent["model"] == "nemotron-3.5-lightning"
-    # and in the program sent over SSH: no key (it never leaves the host), the prompt only JSON-quoted
     text = smoke.script(HOSTILE)
-    assert KEY not in text
-    assert json.dumps(HOSTILE, ensure_ascii=True) in text and HOSTILE not in text
+    assert KEY not in text and "Bearer sk" not in text
+    # quoted delimiter: the shell expands nothing in the here-document
+    command, heredoc = text.split(f" <<'{smoke.BODY_END}'\n", 1)
+    argv = shlex.split(command)
+    assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[5:] == [
+        smoke.MARK, paths.HEALTH_CONFIG, paths.API_AUTH, paths.FRONT_DOOR_CFG, str(smoke.CURL_MAX_TIME)]
+    assert not any("17*23" in w or "pwned" in w for w in argv[5:])
+    assert heredoc == f"{smoke.body(HOSTILE)}\n{smoke.BODY_END}\n"
+    assert json.loads(smoke.body(HOSTILE))["messages"][0]["content"] == HOSTILE and HOSTILE not in text
 
 
 def test_parse_every_kind_of_answer():
     p = smoke.parse
     assert p("h", 255, "Could not connect (timeout)", reachable=False).error == "unreachable: Could not connect (timeout)"
-    assert p("h", 1, "bash: sed: command not found").error == \
-        "no answer from the smoke script (exit 1): bash: sed: command not found"
+    assert p("h", 127, "sh: 1: python3: not found").error == \
+        "no answer from the smoke script (exit 127): sh: 1: python3: not found"
     m = smoke.MARK
     ok = p("h", 0, '{"choices": [{"message": {"content": "one two"}, "finish_reason": "stop"}], '
                    f'"usage": {{"completion_tokens": 2}}}}\n{m} http 200 0.25 instance 127.0.0.1:8000')
@@ -205,14 +188,13 @@ def test_parse_every_kind_of_answer():
     assert p("h", 0, f"{m} http nope").error.startswith("unexpected marker line")
 
 
-@needs_curl
 def test_through_pyinfras_exec_as_the_command_sends_it(tmp_path, server):
     """The same path as `nemofleet smoke` (driver.exec_all: `pyinfra INVENTORY exec -- sh -c ...`),
     with pyinfra's @local connector instead of SSH: the here-document and marker survive it."""
     from nemofleet.fleet import driver
 
     (tmp_path / "api-auth.header").write_text(f"Authorization: Bearer {KEY}\n")
-    (tmp_path / "nemofleet-health").write_text(health_script(server.port))
+    (tmp_path / "health.json").write_text(health_config(server.port))
     e = driver.exec_all("@local", ["@local"], host_script(tmp_path, smoke.script(HOSTILE)), timeout=60)["@local"]
     a = smoke.parse("@local", e.rc, e.text, e.reachable)
     assert a.ok, (a, e.text)

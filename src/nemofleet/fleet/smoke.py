@@ -2,28 +2,28 @@
 
 The request goes where a client on the host would send it: the front door when the host has one
 (its HAProxy `front_door` frontend, bound on 127.0.0.1), else the first instance with an API, at
-the address and port the deployed health script checks (/usr/local/bin/nemofleet-health lists
-each instance's port and served name). So it tests what is deployed, not what the inventory plans.
+the address and port the deployed health program checks (/etc/nemofleet/health.json lists each
+instance's port and served name). So it tests what is deployed, not what the inventory plans.
 
-The API key never leaves the host and never reaches a command line: curl reads the whole
-`Authorization` header from the host's 0600 file (`-H @/etc/nemofleet/api-auth.header`, written by
-the deploy). The request body is JSON built here (json.dumps: the prompt is quoted, whatever it
-holds) and reaches curl on its stdin through a quoted here-document, so no shell expands it.
-curl's own figures give the latency, without the SSH round trip.
+The asking is the program remote/smoke.py (standard library only), run on the host with its paths
+as arguments. The API key never leaves the host and never reaches a command line: the program reads
+the whole `Authorization` header from the host's 0600 file (/etc/nemofleet/api-auth.header, written
+by the deploy). The request body is JSON built here (json.dumps: the prompt is quoted, whatever it
+holds) and reaches the program on its stdin through a quoted here-document, so no shell expands it.
+The latency is the program's own, without the SSH round trip.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 
-from .. import paths
+from .. import paths, remote, shell
 
 DEFAULT_PROMPT = "What is 17*23? Answer in one sentence."
 DEFAULT_MAX_TOKENS = 512
-CURL_MAX_TIME = 120  # seconds for the one completion; the SSH step gets a minute more
+CURL_MAX_TIME = 120  # seconds for the one completion (the program's timeout); the SSH step gets a minute more
 MARK = "@@nemofleet-smoke"
 BODY_END = "NEMOFLEET_SMOKE_BODY_END"  # json.dumps never writes a newline, so never this line
 WORDS = 12  # how much of the answer is shown
@@ -46,49 +46,23 @@ class Answer:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def body_tail(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
-    """The request body without its opening brace and model (the host adds `{"model": NAME, `,
-    the served name it reads from its own health script). One line of JSON, ASCII only."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens},
+def body(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
+    """The request body without the model (the host adds its own served name, read from its health
+    config). One line of JSON, ASCII only: it travels as stdin in a quoted here-document."""
+    text = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens},
                       ensure_ascii=True)
-    assert body.startswith("{") and "\n" not in body
-    return body[1:]
+    assert text.startswith("{") and "\n" not in text
+    return text
 
 
 def script(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
-    """The POSIX shell program run on each host. It prints the answer's body, then one marker
-    line `MARK http CODE SECONDS VIA`, or `MARK error SENTENCE`, or `MARK skip SENTENCE`."""
-    q = shlex.quote
-    return f"""set -u
-AUTH={q(paths.API_AUTH)}
-HEALTH={q(paths.HEALTH_SCRIPT)}
-CFG={q(paths.FRONT_DOOR_CFG)}
-say() {{ printf '%s %s\\n' {q(MARK)} "$*"; }}
-[ -r "$AUTH" ] || {{ say "error it has no API key file $AUTH: deploy it first"; exit 0; }}
-[ -r "$HEALTH" ] || {{ say "error it has no $HEALTH: deploy it first"; exit 0; }}
-# the first instance with an API (a headless worker's port is 0): port and served name
-first=$(sed -n '/^INSTANCES=(/,/^)/p' "$HEALTH" | tr -d "'" | awk 'NF == 4 && $2 != "0" {{print $2, $3; exit}}')
-if [ -z "$first" ]; then
-  if grep -q '^GROUP=.* GROUP_ROLE=worker ' "$HEALTH"; then say "skip a worker of a serving group: its head answers"; exit 0; fi
-  say "error its health script lists no instance with an API"; exit 0
-fi
-port=${{first%% *}}
-model=${{first#* }}
-case "$model" in ''|*[!A-Za-z0-9._/:+-]*) say "error its served model name is not an API model name"; exit 0 ;; esac
-address=$(sed -n 's/^ADDRESS=\\([^ ]*\\).*/\\1/p' "$HEALTH" | tr -d "'")
-via="instance $address:$port"
-url="http://$address:$port/v1/chat/completions"
-if [ -r "$CFG" ] && grep -q '^frontend front_door$' "$CFG"; then
-  fd=$(sed -n 's/^ *bind 127\\.0\\.0\\.1:\\([0-9][0-9]*\\)$/\\1/p' "$CFG" | head -n 1)
-  [ -n "$fd" ] && {{ via="front door 127.0.0.1:$fd"; url="http://127.0.0.1:$fd/v1/chat/completions"; }}
-fi
-out=$({{ printf '{{"model": "%s", ' "$model"; cat <<'{BODY_END}'
-{body_tail(prompt, max_tokens)}
-{BODY_END}
-}} | curl -sS --max-time {CURL_MAX_TIME} -H @"$AUTH" -H 'Content-Type: application/json' --data-binary @- \\
-    -w '\\n{MARK} http %{{http_code}} %{{time_total}}' "$url" 2>&1)
-printf '%s %s\\n' "$out" "$via"
-"""
+    """The shell line run on each host: the program remote/smoke.py with its paths as arguments and
+    the request as JSON on its stdin (a here-document whose delimiter is quoted, so the shell
+    expands nothing in it; json.dumps never writes a newline, so never the delimiter line). It
+    prints the answer's body, then one marker line `MARK http CODE SECONDS VIA`, or `MARK error
+    SENTENCE`, or `MARK skip SENTENCE`."""
+    argv = remote.argv("smoke", MARK, paths.HEALTH_CONFIG, paths.API_AUTH, paths.FRONT_DOOR_CFG, CURL_MAX_TIME)
+    return f"{shell.join(argv)} <<'{BODY_END}'\n{body(prompt, max_tokens)}\n{BODY_END}\n"
 
 
 def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
@@ -111,7 +85,7 @@ def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
     if kind != "http" or not m:
         return Answer(host, False, error=f"unexpected marker line {lines[i][:200]!r}")
     code, seconds, via = int(m.group(1)), float(m.group(2)), m.group(3)
-    if code == 0:  # curl did not get an answer: its own message is the body
+    if code == 0:  # no HTTP answer (refused, timed out): the reason is the body
         return Answer(host, False, via=via, error=f"no HTTP answer from {via}: {' '.join(body.split())[:200]}")
     try:
         doc = json.loads(body)
