@@ -125,15 +125,13 @@ def cmd_plan(a) -> int:
         f = facts.get(name)
         seeds = fan.seed_from(name)
         if seeds:  # as the deploy of these hosts hands it over (deploy.with_fanout; docs/fanout.md)
-            data = {**data, "weights_seed_from": seeds}
+            data = inputs.with_seeds(data, seeds)
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
             result[name] = {"refused": [why], "warnings": []}
             rc = 1
             continue
-        members = data.get("serving_group_members") if data.get("serving_group") else None
-        if not (isinstance(members, list) and all(isinstance(m, str) for m in members)):
-            members = None  # the settings refuse it in one sentence
+        members = inputs.group_of(data)[1]  # () for a value of the wrong type: the settings refuse it
         peers = {m: _peer_facts(m, facts.get(m), a.facts) for m in members if m != name} if members else None
         peer_data = {m: datas[m] for m in members if m in datas and m != name} if members else None
         try:

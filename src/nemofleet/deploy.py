@@ -53,8 +53,8 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
     """({member: HostFacts}, {member: host data}) of the other members of this host's multi-node
     serving group, each read over that member's own connection (multinode.py plans the group
     from every member's facts). A member outside this run is left out: the plan refuses."""
-    members = d.get("serving_group_members")
-    if not d.get("serving_group") or not isinstance(members, list):
+    members = inputs.group_of(d)[1]
+    if not members:
         return None, None
     state = host.state
     peers, peer_data = {}, {}
@@ -98,7 +98,7 @@ def with_fanout(d: dict) -> dict:
     """Host data with this run's fan-out sources as its `weights_seed_from` (none when it fetches
     from the origin, holds its own peers or the run has one host)."""
     seeds = run_fanout().seed_from(host.name)
-    return {**d, "weights_seed_from": seeds} if seeds else d
+    return inputs.with_seeds(d, seeds)
 
 
 def operator() -> str:

@@ -94,6 +94,39 @@ def facts_args(data: dict) -> dict:
     return {"models_root": root, "image": image_of(s)}
 
 
+def group_of(data) -> tuple[str | None, tuple[str, ...]]:
+    """(serving group name, its members in rank order) as this host's data gives them, for the fleet
+    layer's selection (which hosts deploy, lock and roll back together) before any decision: the
+    name and the members only when both have their type (a string; a list of two or more host
+    names), else (None, ()); the settings refuse a wrong value in one sentence, host by host."""
+    if not isinstance(data, Mapping):
+        return None, ()
+    name, members = data.get("serving_group"), data.get("serving_group_members")
+    if not (isinstance(name, str) and name and isinstance(members, (list, tuple)) and len(members) > 1
+            and all(isinstance(m, str) and m and not settings_mod.vt.text_problem(m) for m in members)):
+        return None, ()
+    return name, tuple(members)
+
+
+def ssh_target(data, host: str) -> tuple[str, int, str]:
+    """(address, port, known_hosts file) pyinfra's SSH connector uses for this host, with the
+    connector's own defaults (the name, 22, ~/.ssh/known_hosts) where the data gives none or a value
+    of the wrong type (the connection itself then names what is wrong)."""
+    data = data if isinstance(data, Mapping) else {}
+    name = data.get("ssh_hostname")
+    port = data.get("ssh_port")
+    known = data.get("ssh_known_hosts_file")
+    return (name if isinstance(name, str) and name and not settings_mod.vt.text_problem(name) else host,
+            port if settings_mod.vt.is_int(port) and 1 <= port <= 65535 else 22,
+            os.path.expanduser(known if isinstance(known, str) and known else "~/.ssh/known_hosts"))
+
+
+def with_seeds(data: Mapping, seeds) -> dict:
+    """Host data with this run's fan-out sources as its `weights_seed_from` (docs/fanout.md); the
+    data as it is when there are none."""
+    return {**data, "weights_seed_from": seeds} if seeds else dict(data)
+
+
 def to_resolve(data: dict) -> list[tuple[str, str, str]]:
     """(endpoint, repo, revision) of every revision this host's plan names that is not a 40-hex
     commit: the deploy and status ask the Hub (mirror) for each once, from the host (HubCommit),

@@ -222,3 +222,23 @@ def test_a_group_member_may_name_its_own_peer_address():
     d = desired.build("a100-1", group(weights_peer_address="a100-1.lan"), ps["a100-1"], {"vllm_api_key": KEY},
                       peers=ps, peer_data={"a100-2": group(weights_peer_address="a100-2.lan")})
     assert d.ok, d.refusals
+
+
+def test_the_fleet_layer_reads_a_serving_group_and_ssh_target_through_inputs():
+    """group_of and ssh_target: the only readers of those host-data keys before the decision; a
+    value of the wrong type is no group (the settings refuse it, that host alone), never a string
+    split into characters (rebuild once locked hosts 'a', '1', '0' for members "a100-1")."""
+    from nemofleet import inputs
+
+    assert inputs.group_of({"serving_group": "svl", "serving_group_members": ["a", "b"]}) == ("svl", ("a", "b"))
+    for bad in ({"serving_group": "svl", "serving_group_members": "a100-1"},
+                {"serving_group": "svl", "serving_group_members": ["a"]},
+                {"serving_group": "svl", "serving_group_members": ["a", 1]},
+                {"serving_group": "svl", "serving_group_members": ["a", "b\nc"]},
+                {"serving_group": None, "serving_group_members": ["a", "b"]}, None, "x"):
+        assert inputs.group_of(bad) == (None, ()), bad
+    assert inputs.ssh_target({}, "h1")[:2] == ("h1", 22)
+    assert inputs.ssh_target({"ssh_hostname": "10.0.0.9", "ssh_port": 2222}, "h1")[:2] == ("10.0.0.9", 2222)
+    for port in ("22; id", 0, 70000, True, float("nan"), 10**5000):
+        assert inputs.ssh_target({"ssh_port": port}, "h1")[1] == 22
+    assert inputs.ssh_target({"ssh_hostname": "a\nb"}, "h1")[0] == "h1"

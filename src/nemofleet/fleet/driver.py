@@ -194,6 +194,7 @@ def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, lis
     return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
 
 
+from .. import inputs  # noqa: E402
 from ..inputs import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: rollouts and status skip them
 
 
@@ -217,13 +218,12 @@ def group_units(inventory: str, hosts: list[str]) -> list[list[str]]:
     for h in hosts:
         if h in seen:
             continue
-        d = data.get(h) or {}
-        members = d.get("serving_group_members") if d.get("serving_group") else None
-        if isinstance(members, list) and len(members) > 1:
+        group, members = inputs.group_of(data.get(h))
+        if members:
             missing = [m for m in members if m not in hosts]
             if missing:
                 raise FleetError(f"the selection takes {h} but not {', '.join(missing)} of serving group "
-                                 f"{d['serving_group']}: a group deploys, restarts and rolls back as one unit; select "
+                                 f"{group}: a group deploys, restarts and rolls back as one unit; select "
                                  f"all its members (--limit {','.join(members)})")
             out.append(list(members))
             seen.update(members)

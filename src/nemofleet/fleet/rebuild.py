@@ -10,12 +10,12 @@ fingerprint is printed and the rebuild refuses unless the operator confirms with
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import inputs
 from . import driver, lock, rollout
 from .driver import FleetError
 
@@ -56,9 +56,8 @@ def ssh_target(inventory: str, host: str) -> Target:
         expected = settings.parse(d).expected_host_key
     except settings.SettingsError:
         expected = None  # a bad setting is refused by the preflight stage with its sentence
-    # ssh_* are pyinfra's connector data; these fallbacks are its own defaults
-    return Target(d.get("ssh_hostname") or host, int(d.get("ssh_port") or 22),
-                  os.path.expanduser(d.get("ssh_known_hosts_file") or "~/.ssh/known_hosts"), expected)
+    # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
+    return Target(*inputs.ssh_target(d, host), expected)
 
 
 def read_host_key(t: Target, host: str) -> HostKey:
@@ -120,7 +119,7 @@ def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host
     # a member of a multi-node serving group is planned from every member's facts: the group's
     # other members join the run (they change nothing) and the head is gated before this host
     d = driver.host_data(inventory, [host]).get(host) or {}
-    members = list(d["serving_group_members"]) if d.get("serving_group") and d.get("serving_group_members") else [host]
+    members = list(inputs.group_of(d)[1]) or [host]
     with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held:
         t = time.time()
         r = driver.run(inventory, members, "deploys/preflight.py", data=data, env=held.env(), timeout=900)

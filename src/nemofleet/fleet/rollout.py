@@ -301,7 +301,7 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
     if lost:
         for res in results:
             res.result = "unreachable" if res.host in lost else "not reached"
-            res.detail = (f"could not connect over SSH" if res.host in lost else
+            res.detail = ("could not connect over SSH" if res.host in lost else
                           f"serving group member {', '.join(lost)} is unreachable: the group deploys as one unit")
         return results
     r = driver.run(inventory, members, DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
-from .. import paths
+from .. import inputs, paths
 from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
@@ -112,7 +112,6 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
     """One remote command per host: what the host has (release, units, metrics, weights) and the
     commit an unpinned revision names now (HubCommit's own query); the release the inventory
     plans for it comes from the deploy's own decision (desired.decide over the same HostInputs)."""
-    from .. import inputs
     from ..desired import decide
     from ..facts.weights import hub_commits_script, parse_hub_commits
 
@@ -137,16 +136,15 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
             r.lines = (gpu_lines(lines) + unit_lines(lines, time.time())
                        + [ln for ln in lines if ln.startswith(("weights ", "download "))] + canary_line(lines))
             data = datas[h]
-            members = data.get("serving_group_members") if data.get("serving_group") else None
-            if isinstance(members, list):
+            group, members = inputs.group_of(data)
+            if members:
                 rank = members.index(h) if h in members else -1
-                r.lines.insert(0, f"serving group {data['serving_group']}: rank {rank} "
+                r.lines.insert(0, f"serving group {group}: rank {rank} "
                                   f"({'head' if rank == 0 else 'worker'}) of {', '.join(members)}; the head's "
                                   "health is the group's")
             if h in facts and not r.problems:
-                peers = ({m: facts[m] for m in members if m in facts and m != h}
-                         if isinstance(members, list) else None)
-                peer_data = {m: datas[m] for m in members if m in datas and m != h} if isinstance(members, list) else None
+                peers = {m: facts[m] for m in members if m in facts and m != h} if members else None
+                peer_data = {m: datas[m] for m in members if m in datas and m != h} if members else None
                 f = dict(facts[h], lock=None, commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {})
                 # secrets do not enter the release id: any key that passes the check stands for the real one
                 want = decide(inputs.make(h, data, f, {"vllm_api_key": "x" * 16}, groups=groups.get(h),
