@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .. import canary as gate_math
-from .. import fanout, inputs, paths
+from .. import fanout, inputs, paths, remote, shell
 from .. import hostcmd as commands
 from .. import lockinfo
 from . import driver, lock
@@ -384,22 +384,12 @@ def _seeds(fan: FanIn, heads: list[str], log) -> dict:
 
 BAKE_POLL = 5.0  # seconds between two reads of every instance's /metrics during a bake
 
-# One read of a host: its first GPU's name, then each instance's request metrics (the lines the
-# gate uses) after an `@@instance NAME` line. The instances and where they listen come from the
-# health script the deploy rendered (its INSTANCES and ADDRESS lines), so this matches the release
-# the host runs now; /metrics is read with the API key header like the health script reads it.
-METRICS_SCRIPT = f"""HS={paths.HEALTH_SCRIPT}; AUTH=/etc/nemofleet/api-auth.header
-echo "@@gpu $(timeout 10 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
-[ -r "$HS" ] || exit 0
-eval "$(sed -n -e '/^ADDRESS=/p' -e '/^INSTANCES=(/,/^)/p' "$HS")"
-for (( k = 0; k < ${{#INSTANCES[@]}}; k += 4 )); do
-  n=${{INSTANCES[k]}} p=${{INSTANCES[k+1]}}; [ "$p" = 0 ] && continue
-  echo "@@instance $n"
-  if [ -r "$AUTH" ]; then a=(-H @"$AUTH"); else a=(); fi
-  curl "${{a[@]}}" -fsS --max-time 5 "http://$ADDRESS:$p/metrics" 2>/dev/null \
-    | grep -E '^(vllm:(request_success_total|time_to_first_token_seconds_bucket|e2e_request_latency_seconds_bucket)|http_requests_total)'
-done
-true"""
+# One read of a host: the program remote/metrics.py prints its first GPU's name, then each
+# instance's request metrics (the lines the gate uses) after an `@@instance NAME` line. The
+# instances and where they listen come from the health program's config the deploy wrote
+# (health.json), so this matches the release the host runs now; /metrics is read with the API key
+# header like the health program reads it. Paths and the per-instance timeout are its arguments.
+METRICS_SCRIPT = shell.join(remote.argv("metrics", paths.HEALTH_CONFIG, paths.API_AUTH, 5))
 
 
 @dataclass
