@@ -20,7 +20,7 @@ Layer: decision (settings, models); imports nothing from fleet/.
 from __future__ import annotations
 
 import re
-import shlex
+from . import shell  # the one quoting boundary
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -223,7 +223,7 @@ HELD_MARK = "nemofleet-holds "
 def holders_script(dirs: Mapping) -> str:
     """A shell snippet printing `HELD_MARK <dir>` for each {dir: revision} whose completion marker
     names that revision (the weights check wrote it after verifying the files). No python start."""
-    q = shlex.quote
+    q = shell.quote
     return "".join(f"grep -qs {q(chr(34) + 'revision' + chr(34) + ': ' + chr(34) + rev + chr(34))} "
                    f"{q(d + '/.nemofleet-complete')} && echo {q(HELD_MARK + d)}\n"
                    for d, rev in sorted(dirs.items())) + "true\n"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
+from . import shell  # the one quoting boundary
 
 from . import paths
 
@@ -70,8 +70,8 @@ def lock_acquire(holder: str, token: str, ttl: int, message: str) -> str:
     older nemofleet) expires NO_INFO_TTL after it was made."""
     digest = token_digest(token)
     fields = "holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n"
-    write = (f"printf '{fields}' {shlex.quote(one_line(holder))} {digest} \"$(date -u +%FT%TZ)\" "
-             f"\"$((now + {int(ttl)}))\" {shlex.quote(one_line(message))}")
+    write = (f"printf '{fields}' {shell.quote(one_line(holder))} {digest} \"$(date -u +%FT%TZ)\" "
+             f"\"$((now + {int(ttl)}))\" {shell.quote(one_line(message))}")
     return (
         f"{_LOCK_VARS}; mkdir -p \"$s\"\n"
         f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {digest} ]; then "
@@ -155,8 +155,8 @@ def rollback(expect: str | None = None, ready_timeout: int = 60) -> str:
     others. Without a front door they restart at once."""
     p, unit_dir = paths.PREVIOUS, paths.UNIT_DIR
     guard = (f"k=$(sed -n 's/^id=//p' $p/release)\n"
-             f"[ \"$k\" = {shlex.quote(expect)} ] || {{ printf 'the kept release is %s, not %s: not rolling back\\n' "
-             f"\"$k\" {shlex.quote(expect)} >&2; exit 1; }}\n"
+             f"[ \"$k\" = {shell.quote(expect)} ] || {{ printf 'the kept release is %s, not %s: not rolling back\\n' "
+             f"\"$k\" {shell.quote(expect)} >&2; exit 1; }}\n"
              if expect else "")
     return (
         "set -e\n"
@@ -186,7 +186,7 @@ def audit_command(operator: str, event: str, detail: str) -> str:
     """One line appended to the host's audit log: `<UTC time> <operator> <event> <detail>`.
     The only audit writer (rollout, rollback, rebuild, and the deploy's release change)."""
     line = one_line(f"{operator} {event} {detail}")
-    return (f"mkdir -p {paths.STATE_DIR} && printf '%s %s\\n' \"$(date -u +%FT%TZ)\" {shlex.quote(line)} "
+    return (f"mkdir -p {paths.STATE_DIR} && printf '%s %s\\n' \"$(date -u +%FT%TZ)\" {shell.quote(line)} "
             f">> {paths.AUDIT_LOG}")
 
 
@@ -222,18 +222,18 @@ def gpu_returns(returning: dict[str, list[str]], front_door: bool) -> list[str]:
     for uuid, names in returning.items():
         marks = [f"{paths.HEALTH_STATE}/gpu-{uuid}.sick", f"{paths.HEALTH_STATE}/gpu-{uuid}.healthy_runs"]
         marks += [f"{paths.HEALTH_STATE}/{n}.gpu_sick" for n in names]
-        steps = [shlex.join(["rm", "-f", *marks])]
+        steps = [shell.join(["rm", "-f", *marks])]
         if front_door:
-            steps += [f"{{ ! systemctl is-active -q haproxy || {shlex.join([paths.DRAIN_SCRIPT, 'in', n])}; }}"
+            steps += [f"{{ ! systemctl is-active -q haproxy || {shell.join([paths.DRAIN_SCRIPT, 'in', n])}; }}"
                       for n in names]
-        out.append(f"flock -w 900 {paths.HEALTH_LOCK} sh -c {shlex.quote(' && '.join(steps))}")
+        out.append(f"flock -w 900 {paths.HEALTH_LOCK} sh -c {shell.quote(' && '.join(steps))}")
     return out
 
 
 def status(models_root: str, prom_dir: str) -> str:
     """What `nemofleet status` shows of a host: release record, units (state and description,
     which names the GPUs and model), health metrics, weights on disk, downloads in progress."""
-    root, prom = shlex.quote(models_root.rstrip("/")), shlex.quote(f"{prom_dir.rstrip('/')}/nemofleet.prom")
+    root, prom = shell.quote(models_root.rstrip("/")), shell.quote(f"{prom_dir.rstrip('/')}/nemofleet.prom")
     return (
         f"sed 's/^/release /' {paths.RELEASE} 2>/dev/null\n"
         f"for u in {paths.UNIT_GLOB}; do [ -e \"$u\" ] || continue; n=$(basename -- \"$u\")\n"
@@ -243,7 +243,7 @@ def status(models_root: str, prom_dir: str) -> str:
         f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename \"$d\")\n"
         # like with like: the index's total_size counts tensor bytes, so the shards on disk are
         # counted without their headers (a safetensors file: 8-byte length, JSON header, tensors)
-        f"  have=$(timeout 60 python3 -c {shlex.quote(_TENSOR_BYTES)} \"$d\" 2>/dev/null || echo '? of ?')\n"
+        f"  have=$(timeout 60 python3 -c {shell.quote(_TENSOR_BYTES)} \"$d\" 2>/dev/null || echo '? of ?')\n"
         "  echo \"weights $n $have tensor bytes, "
         f"$([ -f \"$d/{paths.WEIGHTS_MARKER}\" ] && echo complete || echo incomplete)\"; done\n"
         "for u in $(timeout 10 systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do\n"

@@ -75,3 +75,20 @@ def test_the_decision_modules_import_no_pyinfra_operations_facts_or_fleet():
             "print(' '.join(bad))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"the decision layer loads: {out}"
+
+
+def test_only_the_shell_boundary_quotes():
+    """shell.py is the one module that imports shlex: every other module builds argument lists and
+    joins them there (shell.join / shell.quote), so quoting has one implementation to review. The
+    testbed (a simulated world, not the product) is left out."""
+    quoting = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "shell.py" or rel.startswith("testbed/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if "shlex" in names:
+                quoting.append(rel)
+    assert quoting == [], f"modules that quote outside shell.py: {quoting}"

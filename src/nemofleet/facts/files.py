@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra.api import FactBase
 
@@ -19,7 +19,7 @@ class FilesDigest(FactBase):
     FILES, MODES, SUMS = "@nemofleet-files", "@nemofleet-modes", "@nemofleet-sums"
 
     def command(self, paths: tuple[str, ...]) -> str:
-        quoted = " ".join(shlex.quote(p) for p in paths)
+        quoted = " ".join(shell.quote(p) for p in paths)
         return (f"set --; for p in {quoted}; do if [ -f \"$p\" ]; then set -- \"$@\" \"$p\"; "
                 "elif [ -d \"$p\" ]; then echo \"$(stat -c %a \"$p\") dir $p\"; "
                 "else echo \"- - $p\"; fi; done; "
@@ -50,7 +50,7 @@ class FilesDigest(FactBase):
 
 class FileText(FactBase):
     def command(self, path: str) -> str:
-        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+        return f"cat {shell.quote(path)} 2>/dev/null || true"
 
     def process(self, output):
         return "\n".join(output) + "\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra.api import FactBase
 
@@ -53,7 +53,7 @@ class FreeDisk(FactBase):
         # bounded: a hung NFS models root must not hang the run (no output: the size is unknown)
         script = ('p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
                   "df -PB1 \"$p\" | awk 'NR==2{print $4}'")
-        return f"timeout {DISK_TIMEOUT} sh -c {shlex.quote(script)} sh {shlex.quote(path)}"
+        return f"timeout {DISK_TIMEOUT} sh -c {shell.quote(script)} sh {shell.quote(path)}"
 
     def process(self, output):
         text = (output[0] if output else "").strip()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra.api import FactBase
 
@@ -11,7 +11,7 @@ class AptPackages(FactBase):
     """{name: {"version": str or None, "held": bool}} for each package name."""
 
     def command(self, names: tuple[str, ...]) -> str:
-        q = " ".join(shlex.quote(n) for n in names)
+        q = " ".join(shell.quote(n) for n in names)
         return (f"dpkg-query -W -f='pkg ${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' {q} 2>/dev/null; "
                 f"apt-mark showhold {q} 2>/dev/null | sed 's/^/held /'; true")
 

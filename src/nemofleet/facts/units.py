@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra.api import FactBase
 
@@ -14,7 +14,7 @@ class UnitStates(FactBase):
 
     def command(self, units: tuple[str, ...]) -> str:
         # one systemctl for every unit (blocks in argument order, each with its Id): not two per unit
-        q = " ".join(shlex.quote(u) for u in units)
+        q = " ".join(shell.quote(u) for u in units)
         return (f"{{ timeout 60 systemctl show -p Id,UnitFileState,ActiveState -- {q} 2>/dev/null; echo; }} | "
                 "while IFS= read -r l; do case $l in Id=*) u=${l#Id=};; UnitFileState=*) e=${l#UnitFileState=};; "
                 "ActiveState=*) a=${l#ActiveState=};; '') [ -n \"$u\" ] && echo \"unit $u ${e:--} ${a:--}\"; "

@@ -13,7 +13,7 @@ import getpass
 import json
 import os
 import re
-import shlex
+from .. import shell  # the one quoting boundary
 import socket
 import subprocess
 import sys
@@ -123,7 +123,7 @@ def exec_all(inventory: str, hosts: list[str], script: str, timeout: float = 120
     hide the others' answers."""
     if not hosts:
         return {}
-    command = f"sh -c {shlex.quote(script)}; echo {RC_MARK}$?"
+    command = f"sh -c {shell.quote(script)}; echo {RC_MARK}$?"
     r = run(inventory, hosts, "exec", "--", command, timeout=timeout, env=env)
     out = {}
     for h in hosts:
@@ -296,7 +296,7 @@ class Session:
         if not h.connected:
             h.connect(raise_exceptions=True)
         args = {k: h.data.get(k) for k in ("_sudo", "_sudo_user", "_su_user") if h.data.get(k)}
-        return h.run_shell_command(StringCommand(f"bash -c {shlex.quote(script)}"), _timeout=int(timeout), **args)
+        return h.run_shell_command(StringCommand(f"bash -c {shell.quote(script)}"), _timeout=int(timeout), **args)
 
     def run(self, host: str, script: str, timeout: float = 60) -> Exec:
         h = self.hosts.get(host)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import posixpath
-import shlex
 from typing import Iterator
 
 from pyinfra.api import FileUploadCommand, StringCommand
@@ -33,7 +32,7 @@ def reads_with(fn):
 def fail_command(sentence: str) -> StringCommand:
     """A command that fails only this host with `sentence` on stderr: pyinfra marks a host whose
     command exits non-zero as failed and carries on with the others."""
-    return StringCommand("sh", "-c", shlex.quote(f"printf '%s\\n' {shlex.quote(sentence)} >&2; exit 1"))
+    return StringCommand("sh", "-c", shell.quote(f"printf '%s\\n' {shell.quote(sentence)} >&2; exit 1"))
 
 
 def private_mode(mode: str) -> bool:
@@ -60,7 +59,7 @@ def atomic_put(content: str | bytes, path: str, mode: str, validate: str = "", b
     """
     data = content.encode() if isinstance(content, str) else content
     tmp = temp_path(path)
-    q = shlex.quote
+    q = shell.quote
     if private_mode(mode):
         # the upload writes into an existing file and keeps its mode (SFTP opens it O_TRUNC, and
         # the sudo path cp's onto it): create it empty and 0600 first, so a secret is never in a

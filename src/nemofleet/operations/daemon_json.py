@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shlex
 
 from pyinfra import host, logger, state
 from pyinfra.api import operation
@@ -128,7 +127,7 @@ def _validate_snippet(tmp: str, path: str, server: str | None) -> str:
     check in validate_settings); a refusal removes the temp file and changes nothing."""
     if versions.major(server) < 23:
         return ""
-    q = shlex.quote
+    q = shell.quote
     return (f"timeout {VALIDATE_TIMEOUT} dockerd --validate --config-file={q(tmp)} >/dev/null 2>&1 || "
             f"{{ rm -f {q(tmp)}; {shell.say(f'dockerd --validate rejected the merged {path}; nothing was changed')}; "
             "exit 1; }; ")
@@ -136,7 +135,7 @@ def _validate_snippet(tmp: str, path: str, server: str | None) -> str:
 
 def _apply_snippet(path: str, action: str) -> str:
     """Reload or restart a running Docker; on failure put the previous file back and restart."""
-    q = shlex.quote
+    q = shell.quote
     return (f"if ! timeout {APPLY_TIMEOUT} systemctl {action} docker; then "
             f"cp -f {q(path + '.nemofleet-prev')} {q(path)} 2>/dev/null || rm -f {q(path)}; "
             f"timeout {APPLY_TIMEOUT} systemctl restart docker; "
@@ -183,7 +182,7 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
     if state.config.DIFF:
         _show_diff(path, current, text, action, restart)
     docker = fact(DockerInfo)
-    q = shlex.quote
+    q = shell.quote
     yield from atomic_put(
         text, path, "0644", validate=_validate_snippet(temp_path(path), path, docker.get("server")),
         before=f"if [ -f {q(path)} ]; then cp -f {q(path)} {q(path + '.nemofleet-prev')}; fi; ",

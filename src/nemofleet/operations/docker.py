@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
@@ -41,7 +40,7 @@ def image(ref: str, archive: str | None = None):
     if fact(*image_reads(ref)) is not None:
         host.noop(f"image {ref} is present")
         return
-    q = shlex.quote
+    q = shell.quote
     if archive:
         if not os.path.isfile(archive):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")

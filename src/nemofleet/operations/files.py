@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand, operation
@@ -99,8 +99,8 @@ def authorized_key(path: str, line: str, key: str):
         host.noop(f"{path} authorizes the key once, as wanted")
         return
     if not mine:
-        yield StringCommand("sh", "-c", shlex.quote(
-            f"umask 077; mkdir -p {shlex.quote(posixpath.dirname(path))}; "
-            f"printf '%s\\n' {shlex.quote(line)} >> {shlex.quote(path)}"))
+        yield StringCommand("sh", "-c", shell.quote(
+            f"umask 077; mkdir -p {shell.quote(posixpath.dirname(path))}; "
+            f"printf '%s\\n' {shell.quote(line)} >> {shell.quote(path)}"))
         return
     yield from atomic_put("".join(ln + "\n" for ln in lines if ln not in mine) + line + "\n", path, "0600")

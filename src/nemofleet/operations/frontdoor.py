@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra import host
 from pyinfra.api import operation
@@ -40,7 +40,7 @@ def configured(path: str, content: str, changed: set | None = None, haproxy: str
         return
     if changed is not None:
         changed.add(path)
-    q, tmp = shlex.quote, temp_path(path)
+    q, tmp = shell.quote, temp_path(path)
     before, after = refusal(host.name, path, role)
     validate = (f"if ! out=$(timeout 30 {q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
                 f"why=$(printf '%s\\n' \"$out\" | grep -m1 -E 'ALERT|rror' | tr -d '\\r' | cut -c1-300); "

@@ -10,7 +10,7 @@ so a converged host is not probed again.
 
 from __future__ import annotations
 
-import shlex
+from .. import shell  # the one quoting boundary
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -24,7 +24,7 @@ START_TIMEOUT, SMI_TIMEOUT = 120, 30
 
 
 def probe_script(image: str, gpu_args: list[str], signature: str, remedy_hint: str) -> str:
-    q = shlex.quote
+    q = shell.quote
     run = ["docker", "run", "-d", "--rm", f"--name={CONTAINER}", "--pull=never", "--network=none",
            *gpu_args, "--entrypoint", "sleep", image, "600"]
     lines = [
@@ -62,4 +62,4 @@ def survives_daemon_reload(image: str, gpu_args: list[str], signature: str, reme
     if not force and recorded == signature:
         host.noop("GPU access was probed for this setup")
         return
-    yield StringCommand("sh", "-c", shlex.quote(probe_script(image, gpu_args, signature, remedy_hint)))
+    yield StringCommand("sh", "-c", shell.quote(probe_script(image, gpu_args, signature, remedy_hint)))

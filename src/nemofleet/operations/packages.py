@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import fnmatch
 import hashlib
-import shlex
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -98,7 +97,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     if wrong or (stale and source and source["list"] in stale):
         if changed is not None:
             changed.add(label)
-        q = shlex.quote
+        q = shell.quote
         update = APT_UPDATE
         if source:  # only this repository: no other source is contacted, and it is fast
             update += (f" -o Dir::Etc::sourcelist={q(source['list'])} -o Dir::Etc::sourceparts=-"
@@ -131,8 +130,8 @@ def installed(packages: list[str]):
     if not missing:
         host.noop(f"{', '.join(packages)} installed")
         return
-    names = " ".join(shlex.quote(p) for p in missing)
-    yield StringCommand("sh", "-c", shlex.quote(apt_script(
+    names = " ".join(shell.quote(p) for p in missing)
+    yield StringCommand("sh", "-c", shell.quote(apt_script(
         APT_UPDATE, "--no-install-recommends -o DPkg::Lock::Timeout=120", names,
         f"apt-get update failed (or took over {APT_UPDATE_TIMEOUT} s); {names} not installed",
         f"apt could not install {names}")))

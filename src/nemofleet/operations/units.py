@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -33,7 +32,7 @@ RESTART_SCRIPT = (
 
 def restart_command(units: list[str]) -> StringCommand:
     """`systemctl restart --no-block UNITS`, returning once each has left its old main process."""
-    return StringCommand("sh", "-c", shlex.quote(RESTART_SCRIPT), "restart", *units)
+    return StringCommand("sh", "-c", shell.quote(RESTART_SCRIPT), "restart", *units)
 
 
 def running_reads(units) -> tuple:

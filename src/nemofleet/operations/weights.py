@@ -54,7 +54,6 @@ def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
     Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
     one copy is complete and of this commit; each resumes what the one before left (--partial)."""
     peers = seed if isinstance(seed, list) else [seed]
-    q = shell.quote
     return [line for peer in peers for line in _seed_lines(peer, directory, revision)] + [
         # no peer had it: a file a copy left half-written (its metadata copied with it) is removed,
         # so that `hf download` fetches it rather than trusting the metadata
