@@ -146,6 +146,10 @@ def cmd_plan(a) -> int:
             rc = 1
         result[name] = {"refused": d.refusals, "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
+        if d.plan is None and d.preview is not None:
+            # refused for something outside the plan (no API key on this controller yet...): the
+            # instances, flags and memory it would run once the refusals are fixed
+            result[name]["preview"] = d.preview.to_dict()
         tiny = _tiny_checkpoint(f, result[name]["plan"])
         if tiny:
             result[name]["notes"] = [tiny]
@@ -173,7 +177,10 @@ def cmd_plan(a) -> int:
         if n_shared:
             print(f"   warnings: {n_shared} shared with other hosts, said once below")
         p = r.get("plan")
-        if not p or r["refused"]:
+        if r["refused"] and r.get("preview"):
+            p = r["preview"]
+            print("   once the refusals above are fixed, it would run:")
+        elif not p or r["refused"]:
             continue
         for line in lines(p) + [f"note: {n}" for n in r.get("notes", [])]:
             if wrap and line.startswith("flags"):

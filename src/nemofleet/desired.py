@@ -56,6 +56,10 @@ class Desired:
     warnings: list[str] = field(default_factory=list)
     settings: settings_mod.Settings | None = None
     plan: Plan | None = None
+    # the serving plan as far as it was made, also when the host is refused for something outside
+    # it (no API key yet, a daemon.json to fix): `nemofleet plan`'s offline preview shows it; the
+    # deploy applies `plan` alone, which is None while any refusal stands
+    preview: Plan | None = None
     # host configuration
     daemon_json: dict = field(default_factory=dict)  # keys nemofleet owns
     daemon_json_defaults: dict = field(default_factory=dict)  # keys written only when absent
@@ -356,7 +360,7 @@ def decide(i: HostInputs) -> Desired:
         d.refusals += group_differences(s, dict(i.peer_data or {}))
         if d.refusals:
             return d
-    p = _plan(i, d)
+    p = d.preview = _plan(i, d)
     d.daemon_json = docker_settings(s, p, facts)
     d.daemon_json_defaults = docker_defaults(s)
     try:

@@ -92,3 +92,29 @@ def test_the_testbeds_tiny_checkpoint_is_named_where_its_size_drives_the_figures
     meta["config"] = {"architectures": ["NemotronHForCausalLM"]}  # a real checkpoint: nothing said
     assert cli._tiny_checkpoint(facts, plan) is None
     assert cli._tiny_checkpoint({"models": "junk"}, plan) is None and cli._tiny_checkpoint(facts, None) is None
+
+
+def test_plan_facts_without_an_api_key_still_shows_what_it_would_run(tmp_path, monkeypatch):
+    """The offline preview (before the secrets exist on this controller): the missing key is one
+    refusal line, and the instances, flags and memory are shown all the same."""
+    import json as _json
+
+    from test_plan import _facts_with, FLEET, VL
+
+    (tmp_path / "facts.json").write_text(_json.dumps({"a100-4": _facts_with(FLEET["a100x4"])}))
+    inv = f"inv_{tmp_path.name.replace('-', '_')}.py"
+    (tmp_path / inv).write_text("hosts = " + repr([("a100-4", dict(VL))]) + "\n")
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--json"]):
+        out = io.StringIO()
+        monkeypatch.setattr("sys.stdout", out)
+        rc = cli.main(["plan", inv, "--facts", "facts.json", *extra])
+        text = out.getvalue()
+        assert rc == 1
+        if extra:
+            doc = _json.loads(text)["a100-4"]
+            assert doc["plan"] is None and doc["preview"]["instances"], doc
+            assert [r for r in doc["refused"] if r.startswith("no API key")] == doc["refused"]
+        else:
+            assert text.count("REFUSED: no API key") == 1 and "it would run:" in text
+            assert any(line.startswith("   flags") for line in text.splitlines()), text
