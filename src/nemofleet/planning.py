@@ -20,14 +20,28 @@ def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = 
     docker, tk = facts["docker"], facts["toolkit"]
     make = multinode.make_group_plan if s.serving_group else plan.make_plan
     kw = {"peers": group_facts} if s.serving_group else {}
-    return make(
-        host, plan.gpus_from_facts(facts["gpus"]["gpus"]), s,
-        # a CDI spec exists, or the toolkit can generate one (the host configuration does)
-        docker_version=docker.get("server"),
-        cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
-        cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-        local_meta=checkpoint_meta(facts, s), health=facts.get("health"), **kw,
-    )
+    gpus = plan.gpus_from_facts(facts["gpus"]["gpus"])
+    try:
+        return make(
+            host, gpus, s,
+            # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+            docker_version=docker.get("server"),
+            cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
+            cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
+            local_meta=checkpoint_meta(facts, s), health=facts.get("health"), **kw,
+        )
+    except plan.PlanError as exc:
+        # a refusal counts whole GPUs only: name the ones MIG kept out, or "3x A100" on a 4-GPU
+        # host reads as a wrong fact (the MIG warning goes with the plan that was not made)
+        mig = [g for g in gpus if g.mig == "Enabled"]
+        text = str(exc)
+        if mig and "MIG" not in text:
+            which = ", ".join(str(g.index) for g in mig)
+            raise plan.PlanError(
+                f"{text} (GPU {which} {'has' if len(mig) == 1 else 'have'} MIG enabled and {'is' if len(mig) == 1 else 'are'} "
+                f"not counted: vLLM needs whole GPUs; nvidia-smi -i {mig[0].index} -mig 0 and a GPU reset give "
+                f"{'it' if len(mig) == 1 else 'them'} back)") from None
+        raise
 
 
 def checkpoint_meta(facts, s: settings.Settings) -> dict | None:

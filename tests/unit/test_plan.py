@@ -787,3 +787,17 @@ def test_image_cuda_from_the_image_the_setting_or_the_table_with_a_warning():
                            "so no NVIDIA_REQUIRE_CUDA, and not in its version table); set vllm_image_cuda (e.g. 13.0)"]
     finally:
         vllm_flags.VERSIONS["0.32.0"] = v
+
+
+def test_a_refusal_on_a_host_with_a_mig_gpu_names_it():
+    """Super VL on 4x A100 with GPU 3 in MIG mode: the refusal counts 3 GPUs and says why."""
+    from nemofleet import desired, inputs
+
+    f = _facts_with(FLEET["a100x4"])
+    f["gpus"]["gpus"][3]["mig"] = "Enabled"
+    data = {**VL, "vllm_api_key": "sk-" + "a" * 30}
+    d = desired.decide(inputs.make("h", data, f, inputs.read_secrets(data)))
+    why, = d.refusals
+    assert "3x A100 80 GiB" in why and why.endswith(
+        "(GPU 3 has MIG enabled and is not counted: vLLM needs whole GPUs; nvidia-smi -i 3 -mig 0 and a GPU reset "
+        "give it back)"), why
