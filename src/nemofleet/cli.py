@@ -309,8 +309,7 @@ def cmd_status(a) -> int:
             continue
         for p in r.problems:
             print(f"   setting: {p}")
-        drift = "in sync" if r.in_sync else f"DRIFT: inventory plans {r.planned or '(refused)'}"
-        print(f"   release {r.release or 'none'} ({drift})")
+        print(f"   release {r.release or 'none'} ({r.drift()})")
         for line in r.lines:
             print(f"   {line}")
         rc = rc or (0 if r.in_sync else 1)

@@ -280,3 +280,23 @@ def test_monitoring_doc_lists_every_exported_metric():
     assert not missing, f"docs/monitoring.md does not describe {missing}"
     for name in set(re.findall(r"\bnemofleet_[a-z_]+", doc)):
         assert name in EXPORTED, f"docs/monitoring.md names {name}, which the health script does not export"
+
+
+def test_drift_is_said_in_words():
+    """Status names what differs (image, model, instances) before the ids; flags or GPUs when the
+    record's fields agree and the ids do not."""
+    from nemofleet.fleet.status import HostStatus, _record
+
+    host = _record(["release id=aaaaaaaaaaaa", "release image=vllm/vllm-openai:v0.27.1",
+                    "release model=nvidia/N@0123", "release instances=nemotron-0", "unit x"])
+    assert host == {"id": "aaaaaaaaaaaa", "image": "vllm/vllm-openai:v0.27.1", "model": "nvidia/N@0123",
+                    "instances": "nemotron-0"}
+    want = dict(host, id="bbbbbbbbbbbb", image="vllm/vllm-openai:v0.32.0")
+    r = HostStatus("h", release="aaaaaaaaaaaa", planned="bbbbbbbbbbbb", record=host, planned_record=want)
+    assert r.drift() == ("DRIFT: image vllm/vllm-openai:v0.27.1 -> vllm/vllm-openai:v0.32.0 "
+                         "(release aaaaaaaaaaaa -> bbbbbbbbbbbb)")
+    r.planned_record = dict(host, id="bbbbbbbbbbbb")
+    assert r.drift().startswith("DRIFT: the same image, model and instances, other flags or GPUs")
+    assert HostStatus("h", release="a", planned="a").drift() == "in sync"
+    assert "refused" in HostStatus("h", release="a", planned=None).drift()
+    assert HostStatus("h", release=None, planned="b").drift() == "DRIFT: nothing deployed yet; the inventory plans release b"

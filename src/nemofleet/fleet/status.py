@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
-from .. import inputs, paths
+from .. import inputs, paths, render
 from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
@@ -26,14 +26,43 @@ class HostStatus:
     planned: str | None = None
     problems: list[str] = field(default_factory=list)  # settings the inventory gets wrong
     lines: list[str] = field(default_factory=list)  # printable lines below the release
+    # the host's release record (image=, model=, instances=) and the one the inventory plans
+    record: dict = field(default_factory=dict)
+    planned_record: dict = field(default_factory=dict)
 
     @property
     def in_sync(self) -> bool:
         return self.reachable and self.release is not None and self.release == self.planned
 
+    def drift(self) -> str:
+        """What differs between what the host serves and what the inventory plans, in words: the
+        image, the model and revision, the instances; else the flags or GPUs (the release id covers
+        each instance's arguments, which the record does not list)."""
+        if self.in_sync:
+            return "in sync"
+        if self.planned is None:
+            return "DRIFT: the inventory's plan for it is refused (nemofleet plan says why)"
+        if self.release is None:
+            return f"DRIFT: nothing deployed yet; the inventory plans release {self.planned}"
+        said = [f"{k} {self.record.get(k) or '(none)'} -> {self.planned_record.get(k) or '(none)'}"
+                for k in ("image", "model", "instances") if self.record.get(k) != self.planned_record.get(k)]
+        what = "; ".join(said) or "the same image, model and instances, other flags or GPUs"
+        return f"DRIFT: {what} (release {self.release} -> {self.planned})"
+
 
 # the last canary verdict a rollout wrote in the host's audit log (`<time> <operator> canary <verdict>`)
 CANARY_SCRIPT = (f"awk '$3 == \"canary\"' {paths.AUDIT_LOG} 2>/dev/null | tail -n 1 | sed 's/^/canary /'\n")
+
+
+def _record(lines: list[str]) -> dict:
+    """`release key=value` lines (the release record as the status script prints it) -> {key: value}."""
+    out = {}
+    for ln in lines:
+        if ln.startswith("release "):
+            k, sep, v = ln[len("release "):].partition("=")
+            if sep:
+                out[k.strip()] = v.strip()
+    return out
 
 
 def canary_line(lines: list[str]) -> list[str]:
@@ -150,4 +179,7 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
                 want = decide(inputs.make(h, data, f, {"vllm_api_key": "x" * 16}, groups=groups.get(h),
                                           peers=peers, peer_data=peer_data))
                 r.planned = want.release_id if want.ok else None
+                r.record = _record(lines)
+                r.planned_record = _record(["release " + ln for ln in render.release_record(want.plan).splitlines()]
+                                           if want.ok and want.plan else [])
     return [result[h] for h in datas]
