@@ -3,7 +3,7 @@
     .venv/bin/python bench/canary.py [--bake 30]     # on the testbed of .testbed/ (`nemofleet testbed up`)
 
 Steady load on every host (a generator inside each test host, two clients, non-streamed chat
-completions round-robin over the host's instances as its health script lists them), then for each
+completions round-robin over the host's instances as its health config lists them), then for each
 of the stand-in releases -slow, -flaky and -nf2: `nemofleet rollout --canary 1 --batch 1 --bake B
 --json` over a100-1, h100-1, h200-1. Reported per release: the rollout's result and exit code, the
 failed client requests at the canary and on the hosts outside it (goal 0), the time from the
@@ -39,9 +39,8 @@ def load(clients: int) -> dict:
     import urllib.error
     import urllib.request as u
 
-    text = open("/usr/local/bin/nemofleet-health").read()
-    block = text.split("INSTANCES=(", 1)[1].split(")", 1)[0]
-    inst = [ln.split() for ln in block.strip().splitlines() if ln.split() and ln.split()[1] != "0"]
+    cfg = json.load(open("/etc/nemofleet/health.json"))  # the health program's config (render.health_config)
+    inst = [(i["name"], i["port"], i["model"]) for i in cfg["instances"] if i["port"]]
     key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
     ring = itertools.cycle(inst)
     lock = threading.Lock()
