@@ -18,7 +18,7 @@ import hashlib
 import re
 from . import shell  # the one quoting boundary
 
-from . import paths
+from . import paths, remote
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
@@ -197,24 +197,6 @@ def gate() -> str:
     return f"FAIL_RESTART=0 timeout 180 flock -w 60 {paths.HEALTH_LOCK} {paths.HEALTH_SCRIPT}"
 
 
-# `nemofleet status`'s weights figure: "<tensor bytes in the shards on disk> of <index total_size> (P%)"
-_TENSOR_BYTES = r"""
-import glob, json, os, struct, sys
-d = sys.argv[1]
-have = 0
-for f in glob.glob(os.path.join(d, "*.safetensors")):
-    with open(f, "rb") as fh:
-        head = fh.read(8)
-    if len(head) == 8:
-        have += max(0, os.path.getsize(f) - 8 - struct.unpack("<Q", head)[0])
-try:
-    total = int(json.load(open(os.path.join(d, "model.safetensors.index.json")))["metadata"]["total_size"])
-except Exception:
-    total = 0
-print("%d of %s" % (have, ("%d (%.0f%%)" % (total, min(100.0, 100.0 * have / total))) if total > 0 else "?"))
-"""
-
-
 def gpu_returns(returning: dict[str, list[str]], front_door: bool) -> list[str]:
     """Per GPU the health script drained that the plan serves on again (gpuhealth.returning): its
     marker removed and its instances back in the front door, under the health script's lock."""
@@ -243,7 +225,7 @@ def status(models_root: str, prom_dir: str) -> str:
         f"for d in {root}/*/; do [ -d \"$d\" ] || continue; n=$(basename \"$d\")\n"
         # like with like: the index's total_size counts tensor bytes, so the shards on disk are
         # counted without their headers (a safetensors file: 8-byte length, JSON header, tensors)
-        f"  have=$(timeout 60 python3 -c {shell.quote(_TENSOR_BYTES)} \"$d\" 2>/dev/null || echo '? of ?')\n"
+        f"  have=$(timeout 60 {shell.join(remote.PYTHON[:3])} -c {shell.quote(remote.source('tensor_bytes'))} \"$d\" 2>/dev/null || echo '? of ?')\n"
         "  echo \"weights $n $have tensor bytes, "
         f"$([ -f \"$d/{paths.WEIGHTS_MARKER}\" ] && echo complete || echo incomplete)\"; done\n"
         "for u in $(timeout 10 systemctl list-units --no-legend --plain 'nemofleet-weights-*' 2>/dev/null | awk '{print $1}'); do\n"
