@@ -14,6 +14,7 @@ from conftest import ROOT, on
 
 sys.path.insert(0, str(ROOT / "bench"))
 import canary as bench  # noqa: E402  the bench's load generator, run inside each test host
+from conftest import pyinfra  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 NEMOFLEET = str(Path(sys.executable).with_name("nemofleet"))
@@ -69,3 +70,8 @@ def test_a_good_release_passes_every_bake(converged, changes):
     for h in HOSTS:
         assert doc["hosts"][h]["result"] == "ok" and doc["hosts"][h]["to"] == release(h) != doc["hosts"][h]["from"]
         assert on(h, "docker inspect -f '{{.Config.Image}}' nemotron-0").stdout.strip() == f"{BASE}-nf2"
+    # its own way back: the fleet returns to the base release, as the tests after this one expect
+    back = pyinfra(hosts=HOSTS)
+    assert back.rc == 0, back.out[-3000:]
+    for h in HOSTS:
+        assert on(h, "docker inspect -f '{{.Config.Image}}' nemotron-0").stdout.strip() == BASE

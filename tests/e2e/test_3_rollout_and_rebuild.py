@@ -43,6 +43,8 @@ def set_fail(host, release_label):
 
 
 def test_rollout_new_tag_canary_then_batches(converged, changes):
+    left = {h: image(h) for h in HOSTS if image(h) != BASE}
+    assert not left, f"a test before this one left these hosts off the base release: {left}"
     before = {h: release(h) for h in HOSTS}
     rc, out = nemofleet("rollout", "inventories/testbed.py", "--bake", "0", "--canary", "1", "--batch", "1", "--wait", "120",
                         "--data", f"vllm_image={NEW}")
