@@ -175,8 +175,9 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
                 peers = {m: facts[m] for m in members if m in facts and m != h} if members else None
                 peer_data = {m: datas[m] for m in members if m in datas and m != h} if members else None
                 f = dict(facts[h], lock=None, commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {})
-                # secrets do not enter the release id: any key that passes the check stands for the real one
-                want = decide(inputs.make(h, data, f, {"vllm_api_key": "x" * 16}, groups=groups.get(h),
+                # the secrets as the deploy and `nemofleet plan` read them (one gatherer): they never
+                # enter the release id, but a controller without the API key plans nothing, as its deploy would
+                want = decide(inputs.make(h, data, f, inputs.read_secrets(data), groups=groups.get(h),
                                           peers=peers, peer_data=peer_data))
                 r.planned = want.release_id if want.ok else None
                 r.record = _record(lines)
