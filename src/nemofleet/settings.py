@@ -646,8 +646,12 @@ def _check(key: Key, value) -> str | None:
     for item in items:
         text = str(item) if isinstance(item, str) else vt.shown(item)
         if len(text) > (MAX_PEM if key.multiline else MAX_TEXT):
-            return (f"{key.name} is {len(text)} characters long; a value of it is at most "
-                    f"{MAX_PEM if key.multiline else MAX_TEXT}")
+            # longer values were accepted before the settings were typed (migration wording)
+            use = ("domain suffixes (.example.com) and CIDR ranges instead of host names" if key.name == "no_proxy"
+                   else "a shorter value")
+            return (f"{key.name} is {len(text)} characters long: now refused because a value of it is at most "
+                    f"{MAX_PEM if key.multiline else MAX_TEXT} characters (one line of a unit or config file); "
+                    f"use {use}")
         if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
         if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
@@ -719,8 +723,18 @@ def parse(data: dict) -> Settings:
             out[key.name] = value
     if problems:
         raise SettingsError(problems)
+    typed = {}
+    for key in KEYS:
+        try:
+            typed[key.name] = _typed(key, out[key.name])
+        except (pydantic.ValidationError, TypeError, ValueError, KeyError, RecursionError) as exc:
+            # a value the sentences above let through but its type does not take: named, never raised
+            problems.append(f"{key.name} has a value of a shape nemofleet cannot use ({type(exc).__name__}): "
+                            f"{vt.shown(out[key.name])}; `nemofleet settings` shows its type")
+    if problems:
+        raise SettingsError(problems)
     try:
-        return Settings(**{key.name: _typed(key, out[key.name]) for key in KEYS})
+        return Settings(**typed)
     except (pydantic.ValidationError, TypeError, ValueError, KeyError) as exc:
         # a value the sentences above let through but the type does not take: named, never raised
         where = exc.errors()[0]["loc"] if isinstance(exc, pydantic.ValidationError) else ()

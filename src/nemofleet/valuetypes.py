@@ -201,10 +201,12 @@ def managed_dir_problem(value) -> str | None:
     if value != "/" and (value.endswith("/") or any(p in ("", ".", "..") for p in parts)):
         return f"{shown(value)} must be a normalised path (no '..', '.', '//' or trailing '/')"
     if value in SYSTEM_DIRS:
-        return (f"{shown(value)} is a system directory; nemofleet would write into it or serve all of it to the fleet's "
-                "seed key: give a directory of its own, e.g. /srv/nemofleet/models")
+        # accepted before the settings were typed (migration: say why it changed and what to use)
+        return (f"{shown(value)} is a system directory: now refused because nemofleet would write into it or serve "
+                "all of it to the fleet's seed key; use a directory of its own (the default, or e.g. /srv/nemofleet/...)")
     if any(value.startswith(tree) for tree in SYSTEM_TREES):
-        return f"{shown(value)} lies inside the system's own tree {shown(value.split('/')[1])}; give a directory of its own"
+        return (f"{shown(value)} lies inside the system's own tree {shown(value.split('/')[1])}: now refused because "
+                "nemofleet would write there; use a directory of its own")
     return None
 
 

@@ -157,3 +157,28 @@ def test_readme_settings_table_is_generated():
     table = settings.markdown_table()
     assert table in readme, "run `nemofleet settings --markdown` and paste it into the README"
     assert re.search(r"<!-- settings:begin -->\n" + re.escape(table) + r"<!-- settings:end -->", readme)
+
+
+# Values the settings accepted before they were typed (found by running every settings key with the
+# classes of test_hostile_generated through the old and the new parse): each refusal says so
+# ("now refused because ...") and what to use instead.
+@pytest.mark.parametrize("key, value", [
+    ("models_root", "/"), ("models_root", "/etc"), ("prom_dir", "/"), ("prom_dir", "/etc"),
+    ("no_proxy", "h" * 5000), ("vllm_image", "9" * 5000), ("kv_cache_dtype", "9" * 5000),
+    ("docker_default_runtime", "9" * 5000), ("container_toolkit_version", "9" * 5000),
+])
+def test_a_value_accepted_before_the_typed_settings_says_why_it_is_refused_now(key, value):
+    with pytest.raises(settings.SettingsError) as exc:
+        settings.parse({key: value})
+    (why,) = exc.value.problems
+    assert why.startswith(key) and "now refused because" in why and "; use " in why, why
+    assert len(why) < 400 and "\n" not in why
+
+
+def test_a_value_its_type_cannot_take_is_named_with_its_key():
+    nested: object = "x"
+    for _ in range(50):
+        nested = [nested]
+    with pytest.raises(settings.SettingsError) as exc:
+        settings.parse({"weights_seed_from": nested})
+    assert exc.value.problems[0].startswith("weights_seed_from has a value of a shape nemofleet cannot use")
