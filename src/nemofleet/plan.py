@@ -26,7 +26,7 @@ from . import gpuhealth
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import models as catalog
-from . import recipes, settings, versions, vllm_flags
+from . import flagtable, recipes, settings, versions, vllm_flags
 from .memory import Memory
 
 GIB = 1024**3
@@ -227,7 +227,7 @@ def _extra(raw: dict, where: str, v: vllm_flags.VllmVersion | None = None) -> li
     out = []
     for k, val in raw.items():
         name = vllm_flags.normalise(k if k.startswith("--") else f"--{k}")
-        instead = recipes.owned_setting(name)
+        instead = flagtable.owned_setting(name)
         if instead:
             raise PlanError(f"{where} sets {name}, which the plan decides (it must match the published port, "
                             f"the health check and the memory budget); set {instead} instead")
@@ -258,8 +258,6 @@ def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, mo
             f.append(("--enable-expert-parallel", None))
     f += [("--max-model-len", ctx.mml), ("--gpu-memory-utilization", f"{float(s.gpu_memory_utilization):.2f}"),
           ("--max-num-seqs", seqs), ("--max-num-batched-tokens", batched)]
-    if s.kv_cache_dtype:
-        f.append(("--kv-cache-dtype", s.kv_cache_dtype))
     if ctx.spec:
         sc: dict = {"method": ctx.spec, "num_speculative_tokens": ctx.spec_tokens}
         if ctx.spec in ctx.draft_paths:
@@ -273,13 +271,15 @@ def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, mo
         f += [("--tool-call-parser", m.tool_call_parser), ("--enable-auto-tool-choice", None)]
     if m.multimodal_limits:
         f.append(("--limit-mm-per-prompt", json.dumps(m.multimodal_limits, separators=(",", ":"))))
-    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT), ("--shutdown-timeout", s.drain_seconds)]
+    f += [("--host", "0.0.0.0"), ("--port", CONTAINER_PORT)]
+    # flags that are a setting's value (--kv-cache-dtype, --shutdown-timeout...): the one flag table's rows
+    f += flagtable.from_settings(s)
     planned = {n for n, _ in f}
     f += [r for r in recipes.flags_for(m, arch.name, bool(ctx.spec), lambda n: _supported(ctx.v, n))
           if r[0] not in planned]
     extra = list(ctx.extra) + list(more)
     names = {n for n, _ in extra}
-    return recipes.ordered([(n, val) for n, val in f if n not in names] + extra)
+    return flagtable.ordered([(n, val) for n, val in f if n not in names] + extra)
 
 
 def _supported(v: vllm_flags.VllmVersion, name: str) -> bool:

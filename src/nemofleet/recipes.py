@@ -6,12 +6,15 @@ kind) apply, so one model's optimisations never leak onto another. docs/recipes.
 each source; the section is the row's `source`.
 
 The flags the plan itself owns (port, TP, context, batch sizes...) come from settings and are
-listed in OWNED with the setting an operator uses instead of an extra arg.
+listed in flagtable.py, the one table of emitted flags, with the setting an operator uses instead
+of an extra arg.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from . import flagtable
 
 ALL_ARCHS = ("ampere", "ada", "hopper", "blackwell", "sm12x")
 
@@ -58,54 +61,9 @@ RECIPES: list[Row] = [
         moe=True),
 ]
 
-# Emission order: the order of the published commands, so a planned line reads like its source.
-ORDER = (
-    "--served-model-name", "--trust-remote-code", "--tensor-parallel-size", "--pipeline-parallel-size",
-    "--enable-expert-parallel",
-    "--max-model-len", "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
-    "--kv-cache-dtype", "--enable-prefix-caching", "--async-scheduling", "--mamba-backend", "--moe-backend",
-    "--linear-backend", "--mamba-ssu-algorithm", "--mamba-cache-mode", "--mamba-ssm-cache-dtype",
-    "--enable-mamba-cache-stochastic-rounding", "--mamba-cache-philox-rounds", "--speculative-config",
-    "--reasoning-parser-plugin", "--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice",
-    "--limit-mm-per-prompt", "--host", "--port", "--shutdown-timeout",
-    # a multi-node group (docs/recipes.md#multi-node): the order of vLLM's own example
-    "--nnodes", "--node-rank", "--master-addr", "--master-port", "--data-parallel-size", "--data-parallel-size-local",
-    "--data-parallel-start-rank", "--data-parallel-address", "--data-parallel-rpc-port", "--headless",
-)
-
-# Flags the plan decides: given in extra args they would make the container listen elsewhere
-# than -p maps, or health look for another name, or the memory budget wrong.
-OWNED = {
-    "--host": "bind_address (the container listens on 0.0.0.0; bind_address sets the host side)",
-    "--port": "port_base",
-    "--served-model-name": "model: {served_name: ...}",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "--max-model-len": "max_model_len",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--speculative-config": "speculative and num_speculative_tokens",
-    "--shutdown-timeout": "drain_seconds",
-    "--device-ids": "gpus",
-    "--data-parallel-size": "instances (on one host) or serving_group_parallel: dp (across hosts)",
-    "--pipeline-parallel-size": "serving_group_parallel (PP across the hosts of a serving group)",
-    "--nnodes": "the inventory's serving_groups",
-    "--node-rank": "the inventory's serving_groups (the order of the members)",
-    "--master-addr": "the inventory's serving_groups (the head's address in serving_group_network)",
-    "--master-port": "serving_group_master_port",
-    "--headless": "the inventory's serving_groups (every member but the head)",
-    "--data-parallel-size-local": "serving_group_parallel",
-    "--data-parallel-start-rank": "the inventory's serving_groups",
-    "--data-parallel-address": "the inventory's serving_groups",
-    "--data-parallel-rpc-port": "serving_group_dp_rpc_port",
-    "--distributed-executor-backend": "serving_group_parallel (nemofleet runs vLLM's multiprocessing executor)",
-}
-
-
-def owned_setting(flag: str) -> str | None:
-    """The setting that replaces `flag` (also its dotted form, --speculative-config.method)."""
-    return OWNED.get(flag.split(".", 1)[0])
+# Emission order and the flags the plan owns: the one flag table, flagtable.py (kept here under
+# their old names for the callers of this module)
+ORDER, OWNED, owned_setting = flagtable.ORDER, flagtable.OWNED, flagtable.owned_setting
 
 
 def rows_for(model, arch: str, spec: bool) -> list[Row]:
@@ -128,7 +86,4 @@ def flags_for(model, arch: str, spec: bool, supported) -> list[tuple[str, object
     return list(out.items())
 
 
-def ordered(flags: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Planned flags in ORDER; flags ORDER does not know keep their relative order at the end."""
-    rank = {name: i for i, name in enumerate(ORDER)}
-    return sorted(flags, key=lambda f: rank.get(f[0], len(ORDER)))
+ordered = flagtable.ordered
