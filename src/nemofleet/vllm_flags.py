@@ -159,6 +159,18 @@ VERSIONS: dict[str, VllmVersion] = {
         ]),
         _REASONING, _TOOLS,
     ),
+    # vLLM 0.34.0, the newest release: what the plan emits parses as in 0.33.0 (every planned line
+    # checked by its real parser, read from its CUDA wheel: make test-real-parser-cuda); operator
+    # flags are checked against data/vllm_args_0.34.0.json, generated from that parser
+    "0.34.0": VllmVersion(
+        "0.34.0", "13.0",
+        _table([
+            Flag("--mamba-cache-mode", "choice", ("align", "none"),
+                 deprecated="derived from prefix caching since 0.28; no effect"),
+            Flag("--device-ids", "str"),
+        ]),
+        _REASONING, _TOOLS,
+    ),
 }
 
 
@@ -379,6 +391,10 @@ def check_extra(v: VllmVersion, name: str, value) -> str | None:
     name = normalise(name)
     base, dot, key = name.partition(".")
     row = table["flags"].get(base)
+    known = v.flags.get(base)
+    if row is not None and known is not None and known.deprecated:
+        # the parser still takes it, with a deprecation warning and no effect (0.33's --mamba-cache-mode)
+        return f"vLLM {v.version} deprecates {base} ({known.deprecated}); remove it"
     if row is None:
         where = f" (in {name})" if dot else ""
         return f"vLLM {v.version} has no flag {base}{where} (its parser: unrecognized arguments: {base})"

@@ -7,9 +7,12 @@ import sys
 from contextlib import redirect_stderr
 
 try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32.0
+    from vllm.entrypoints.common.cli_args import make_arg_parser  # 0.33.0, 0.34.0
 except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser  # 0.27.1
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32.0
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser  # 0.27.1
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 try:
