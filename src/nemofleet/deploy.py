@@ -150,6 +150,15 @@ def run_preflight() -> Desired:
 # (fact_reads) that walks the same code to collect what each operation reads (`.reads`, declared
 # next to the operation with operations.reads_with), so the batched read ahead cannot drift from
 # what the stages do.
+#
+# An operation that depends on another's change (a daemon-reload after a unit file, Docker's
+# restart after its proxy drop-in, the audit line after the release record) is added only when
+# that change will happen, decided from the same facts by the module's helper (files.will_change,
+# units.running_plan, ...; operations.predicts): never with `_if=`, which pyinfra can only show
+# as a "conditional change" in --dry and at its prompt, also on a host where nothing will change.
+# The facts are read ahead before the stages add their operations (converge: prefetch.load), so
+# the helpers cost no remote command; while the recorder walks, they answer "everything changes"
+# (each helper's `unknown`), so every operation that may be added is walked.
 
 
 def _log(text: str) -> None:
@@ -161,26 +170,20 @@ OPS = SimpleNamespace(daemon_json=daemon_json, files=files, units=units, systemd
                       packages=packages, log=_log)
 
 
-class _Unchanged:
-    """What a recorded operation answers: it changed nothing (the `_if=` callables never run)."""
-
-    @staticmethod
-    def did_change() -> bool:
-        return False
-
-
 class _Module:
     def __init__(self, module, sink: list):
         self._module, self._sink = module, sink
 
     def __getattr__(self, name):
-        reads = getattr(getattr(self._module, name), "reads", None)
+        target = getattr(self._module, name)
+        if hasattr(target, "unknown"):  # a decision from facts not read yet: "it changes"
+            return target.unknown
+        reads = getattr(target, "reads", None)
 
         def record(*args, **kwargs):
             pair = reads(**kwargs) if reads is not None else None
             if pair is not None:
                 self._sink.append(pair)
-            return _Unchanged()
         return record
 
 
@@ -189,20 +192,19 @@ def _recorder(sink: list) -> SimpleNamespace:
 
 
 def _configure_host(want: Desired, op=OPS) -> set:
-    daemon_changed: set = set()
+    """Returns the daemon.json keys this run changes (from the facts, before anything runs)."""
+    daemon_changed = op.daemon_json.changed_keys(desired=want.daemon_json, defaults=want.daemon_json_defaults)
     op.daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
-                              desired=want.daemon_json, defaults=want.daemon_json_defaults, changed=daemon_changed)
+                              desired=want.daemon_json, defaults=want.daemon_json_defaults)
     if want.host_files:
-        host_changed: set = set()
-        op.files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=want.host_files,
-                         changed=host_changed)
-        op.units.daemon_reload(name="Reload systemd for the Docker proxy",
-                               _if=lambda: paths.DOCKER_PROXY in host_changed)
-        op.systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True,
-                           _if=lambda: paths.DOCKER_PROXY in host_changed)
-        op.server.shell(name="Create the /dev/char links now",
-                        commands=["timeout 120 nvidia-ctk system create-dev-char-symlinks --create-all"],
-                        _if=lambda: paths.DEV_CHAR_RULE in host_changed)
+        host_changed = op.files.will_change(files=want.host_files)
+        op.files.managed(name="Host files (Docker proxy drop-in, /dev/char udev rule)", files=want.host_files)
+        if paths.DOCKER_PROXY in host_changed:
+            op.units.daemon_reload(name="Reload systemd for the Docker proxy")
+            op.systemd.service(name="Restart Docker for the proxy", service="docker", restarted=True)
+        if paths.DEV_CHAR_RULE in host_changed:
+            op.server.shell(name="Create the /dev/char links now",
+                            commands=["timeout 120 nvidia-ctk system create-dev-char-symlinks --create-all"])
     op.files.managed(name="Secrets (0600, root only)", files=want.secret_files, secret=True, dirs=want.secret_dirs)
     if want.authorized_key:
         op.files.authorized_key(name="Fleet seed key may read weights from this host (read-only rsync)",
@@ -218,7 +220,7 @@ def _configure_host(want: Desired, op=OPS) -> set:
 
 @deploy("nemofleet host configuration")
 def configure_host(want: Desired) -> set:
-    """Returns the set of daemon.json keys this run changes (filled in as the op executes)."""
+    """Returns the set of daemon.json keys this run changes (decided from the facts)."""
     return _configure_host(want)
 
 
@@ -242,9 +244,9 @@ def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set 
         signature=g.signature, remedy_hint=g.remedy_hint, force=force, recorded=facts_record)
 
 
-def _serve(want: Desired, daemon_changed: set | None = None, op=OPS):
+def _serve(want: Desired, daemon_changed: set | None = None, op=OPS) -> bool:
     # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
-    # whenever this run rewrote daemon.json (e.g. repaired a drifted cgroup driver).
+    # whenever this run rewrites daemon.json's GPU keys (e.g. repairs a drifted cgroup driver).
     probe_gpu_access(want, want.gpu_access_record, force=daemon_changed if daemon_changed is not None else False,
                      op=op)
     if want.networks:
@@ -252,84 +254,98 @@ def _serve(want: Desired, daemon_changed: set | None = None, op=OPS):
     if want.previous_release and want.previous_release != want.release_id:
         op.server.shell(name=f"Keep release {want.previous_release} for rollback",
                         commands=[want.keep_previous_command])
-    changed: set = set()
     if want.front_door:
         _front_door(want, op=op)
+    changed: set = set()  # the unit files this run writes
+    if want.drain_restarts:
+        for path, _, _ in want.drain_restarts:
+            changed |= op.files.will_change(files={path: want.units[path]})
+    else:
+        changed = op.files.will_change(files=want.units)
+    # with a front door, running units whose file changes are restarted through it (deferred)
+    plan = op.units.running_plan(units=want.unit_names, changed=changed,
+                                 deferred=set() if want.drain_restarts else None)
     if want.drain_restarts:
         # one instance at a time, its unit file then its restart, so the others keep serving and a
         # run that stops half way leaves every unit file matching the container that runs it
         for path, unit, command in want.drain_restarts:
-            op.files.managed(name=f"vLLM unit {unit}", files={path: want.units[path]}, changed=changed)
-            op.units.daemon_reload(name=f"Reload systemd for {unit}", _if=lambda path=path: path in changed)
-            op.server.shell(name=f"Restart {unit} through the front door (drain, restart, ready, back in)",
-                            commands=[command], _if=lambda path=path: path in changed)
+            op.files.managed(name=f"vLLM unit {unit}", files={path: want.units[path]})
+            if path in changed:
+                op.units.daemon_reload(name=f"Reload systemd for {unit}")
+            if unit in plan.deferred:  # runs now: drained, restarted, ready, back in (else started below)
+                op.server.shell(name=f"Restart {unit} through the front door (drain, restart, ready, back in)",
+                                commands=[command])
     else:
-        op.files.managed(name="vLLM units", files=want.units, changed=changed)
-        op.units.daemon_reload(name="Reload systemd for changed units", _if=lambda: bool(changed))
+        op.files.managed(name="vLLM units", files=want.units)
+        if changed:
+            op.units.daemon_reload(name="Reload systemd for changed units")
     # with a front door, running units were restarted above: here only starts, enables and removals
-    running = op.units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
-                               deferred=set() if want.drain_restarts else None)
-    if want.ready_command:
-        op.server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command],
-                        _if=running.did_change)
+    op.units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
+                     deferred=set() if want.drain_restarts else None)
+    started = plan.changes()
+    if want.ready_command and started:
+        op.server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command])
     if want.attached:
         op.docker.attached(name="Instances on their frontend networks", containers=want.attached)
-    record_changed: set = set()
-    op.files.managed(name="Release record", files=want.release_files, dirs={paths.STATE_DIR: "0755"},
-                     changed=record_changed)
-    op.server.shell(name="Audit log", commands=[want.audit_command], _if=lambda: bool(record_changed))
+    record_changed = op.files.will_change(files=want.release_files, dirs={paths.STATE_DIR: "0755"})
+    op.files.managed(name="Release record", files=want.release_files, dirs={paths.STATE_DIR: "0755"})
+    if record_changed:
+        op.server.shell(name="Audit log", commands=[want.audit_command])
     op.weights.pruned(name="Weights no release on this host uses", directories=want.prune)
     for line in want.frontend_lines:
         op.log(line)
-    return running
+    return started
 
 
 @deploy("nemofleet serving")
-def serve(want: Desired, daemon_changed: set | None = None):
-    """The units, their starts and ready wait, the release record; returns the `units.running`
-    operation (its did_change says whether an instance was (re)started by this run)."""
+def serve(want: Desired, daemon_changed: set | None = None) -> bool:
+    """The units, their starts and ready wait, the release record; returns whether this run
+    (re)starts an instance through units.running (decided from the facts)."""
     return _serve(want, daemon_changed)
 
 
 def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None, op=OPS) -> None:
     """HAProxy from the distribution: config checked with haproxy -c before it is live, reloaded
-    (never restarted) only when its config or keys changed. The same steps set up a host's front
+    (never restarted) only when its config or keys change. The same steps set up a host's front
     door and the fleet gateway (`gateway()` below, label "Gateway")."""
+    installing = op.packages.will_install(packages=["haproxy"])
     op.packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
     door_changed: set = set()
     if want.front_door_files:
-        op.files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files,
-                         changed=door_changed)
+        door_changed |= op.files.will_change(files=want.front_door_files)
+        op.files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files)
+    door_changed |= op.files.will_change(files=want.front_door_secrets, dirs=secret_dirs)
     op.files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
-                     changed=door_changed, **({"dirs": secret_dirs} if secret_dirs else {}))
+                     **({"dirs": secret_dirs} if secret_dirs else {}))
+    if op.frontdoor.will_change(path=paths.FRONT_DOOR_CFG, content=want.front_door_config):
+        door_changed.add(paths.FRONT_DOOR_CFG)
     op.frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
-                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config, changed=door_changed,
+                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config,
                             **({"role": label.lower()} if label != "Front door" else {}))
-    if paths.FRONT_DOOR_DROPIN in want.front_door_files:
-        op.units.daemon_reload(name="Reload systemd for the HAProxy drop-in",
-                               _if=lambda: paths.FRONT_DOOR_DROPIN in door_changed)
-    started = op.units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
-    op.server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
-                    commands=["timeout 120 systemctl reload haproxy"],
-                    _if=lambda: not started.did_change() and bool(door_changed - {paths.FRONT_DOOR_DROPIN,
-                                                                                   paths.DRAIN_SCRIPT}))
+    if paths.FRONT_DOOR_DROPIN in door_changed:
+        op.units.daemon_reload(name="Reload systemd for the HAProxy drop-in")
+    starts = op.units.will_enable_or_start(unit="haproxy.service")
+    op.units.enabled_and_active(name=f"{label}: HAProxy enabled and running", unit="haproxy.service")
+    # a HAProxy that runs now reloads a changed config or key file (a start reads them anyway);
+    # one installed by this run may have been started by its package with the default config
+    if (installing or not starts) and door_changed - {paths.FRONT_DOOR_DROPIN, paths.DRAIN_SCRIPT}:
+        op.server.shell(name=f"{label}: reload HAProxy (connections in flight are kept)",
+                        commands=["timeout 120 systemctl reload haproxy"])
 
 
-
-
-def _health(want: Desired, started=None, op=OPS) -> None:
-    changed: set = set()
-    op.files.managed(name="Health check script and cron", files=want.health_files, changed=changed)
+def _health(want: Desired, started: bool = False, op=OPS) -> None:
+    changed = op.files.will_change(files=want.health_files)
+    op.files.managed(name="Health check script and cron", files=want.health_files)
     if want.gpu_returns:  # only when the health script drained a GPU that reads healthy again
         op.server.shell(name="GPUs healthy again: their instances back in the front door", commands=want.gpu_returns)
-    op.server.shell(name="First health check (metrics for nemofleet status)",
-                    commands=[render.first_health_check()],
-                    _if=lambda: bool(changed) or bool(started is not None and started.did_change()))
+    if changed or started:
+        op.server.shell(name="First health check (metrics for nemofleet status)",
+                        commands=[render.first_health_check()])
 
 
 @deploy("nemofleet health")
-def health(want: Desired, started=None) -> None:
-    """The health script and its cron line; when this run (re)started an instance or changed the
+def health(want: Desired, started: bool = False) -> None:
+    """The health script and its cron line; when this run (re)starts an instance or changes the
     script, one health run now (under the cron's lock, bounded), so `nemofleet status` shows the
     instances' health and load right after a converge instead of after cron's first run. A
     converged re-run changes nothing here and runs nothing."""

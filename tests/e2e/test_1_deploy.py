@@ -294,3 +294,23 @@ def test_cron_health_has_run_and_metrics_show_up(converged):
     wait_for("cron's health check to log nemotron-0 healthy on a100-1", probe, 150, every=5)
     prom = on("a100-1", "cat /var/lib/prometheus/node-exporter/nemofleet.prom").stdout
     assert 'nemofleet_vllm_up{instance="nemotron-0",model="nemotron-3.5-lightning",port="8000"} 1' in prom
+
+
+def test_dry_run_of_the_converged_fleet_lists_no_change(converged):
+    """Issue 39: on converged hosts `pyinfra --dry` (and the prompt, which shows the same table)
+    lists no operation as a change or a conditional change: every operation decides from the facts
+    read ahead, and one that only follows another's change (a restart, a reload, the audit line,
+    the ready wait, the first health check) is not added at all (tests/unit/test_dry_run.py)."""
+    import os
+    import subprocess
+
+    from conftest import PYINFRA, ROOT
+
+    r = subprocess.run([PYINFRA, "inventories/testbed.py", "deploys/nemotron.py", "--dry", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    assert r.returncode == 0, r.stderr[-4000:]
+    plan = json.loads(r.stdout[r.stdout.index("{"):])["plan"]
+    assert len(plan) > 10, r.stdout[-2000:]
+    shown = [(op["name"], op["hosts_with_change"], op["hosts_with_conditional_change"]) for op in plan
+             if op["hosts_with_change"] or op["hosts_with_conditional_change"]]
+    assert shown == [], shown

@@ -168,6 +168,15 @@ def run(op, kwargs: dict, facts: dict, host_name: str = "testhost", data: dict |
     return Result(commands, host.noop_description, host.logs, kwargs)
 
 
+def call(fn, kwargs: dict, facts: dict, host_name: str = "testhost", data: dict | None = None,
+         connector: str = "ssh"):
+    """Call a plain function of an operation module (a decision helper such as files.will_change)
+    under the same fake host and fixture facts as run(); returns what it returns."""
+    host = FakeHost(host_name, parse_value(facts), data, connector)
+    with ctx_state.use(FakeState()), ctx_host.use(host):
+        return fn(**parse_value(kwargs))
+
+
 def as_json(value):
     """Sets back to sorted lists, for comparing with a fixture."""
     if isinstance(value, set):

@@ -161,3 +161,45 @@ def test_the_read_an_operation_declares_is_the_first_it_asks(path: Path):
         assert case.get("commands") or case.get("exception"), path
         return
     assert prefetch.key(*asked[0]) == prefetch.key(*want), (asked[:1], want)
+
+
+# what an operation's decision helper (operations.predicts) says it will do, for each fixture
+# case of that operation: the deploy adds the operations that follow from it on this answer
+PREDICTS = {
+    "files.managed": ("will_change", lambda kw, r, got: got == r.kwargs["changed"]),
+    "daemon_json.configured": ("changed_keys", lambda kw, r, got: got == r.kwargs["changed"]),
+    "units.running": ("running_plan", lambda kw, r, got: got.changes() == bool(r.commands)
+                      and set(got.deferred) == (r.kwargs.get("deferred") or set())),
+    "units.enabled_and_active": ("will_enable_or_start", lambda kw, r, got: got == bool(r.commands)),
+    "frontdoor.configured": ("will_change", lambda kw, r, got: got == bool(r.commands)),
+    "packages.installed": ("will_install", lambda kw, r, got: bool(got) == bool(r.commands)),
+}
+PREDICTED = [p for p in CASES if p.parent.name in PREDICTS]
+
+
+@pytest.mark.parametrize("path", PREDICTED, ids=[f"{p.parent.name}/{p.stem}" for p in PREDICTED])
+def test_a_decision_helper_says_what_its_operation_does(path: Path):
+    """One comparison decides: the helper the deploy asks before adding the operations that
+    follow (a reload after a changed file, the ready wait after a start) answers, from the same
+    fixture facts, exactly what the operation then does (issue 39: an honest dry run)."""
+    import inspect
+
+    from opharness import call
+
+    case = json.loads(path.read_text())
+    module, name = path.parent.name.split(".")
+    helper = getattr(import_module(f"nemofleet.operations.{module}"), PREDICTS[path.parent.name][0])
+    assert hasattr(helper, "unknown"), "declared with operations.predicts (the recorder answers it before facts)"
+    op = load_op(path.parent.name)
+    kwargs = dict(case.get("kwargs", {}))
+    if "changed" in inspect.signature(op._inner).parameters and module != "units":
+        kwargs["changed"] = ["set:"]  # filled by the operation as it runs
+    if path.parent.name == "units.running" and "deferred" in kwargs:
+        kwargs["deferred"] = ["set:"]
+    h = case.get("host", {})
+    where = dict(facts=case.get("facts", {}), host_name=h.get("name", "testhost"), data=h.get("data"),
+                 connector=h.get("connector", "ssh"))
+    result = run(op, kwargs=kwargs, **where)
+    accepted = set(inspect.signature(helper).parameters)
+    got = call(helper, {k: v for k, v in kwargs.items() if k in accepted}, **where)
+    assert PREDICTS[path.parent.name][1](kwargs, result, got), (got, result.commands, result.kwargs)

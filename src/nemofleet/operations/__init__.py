@@ -29,6 +29,23 @@ def reads_with(fn):
     return attach
 
 
+def predicts(unknown):
+    """Declare a decision helper of an operation module: a pure function of the operation's own
+    fact that says, before the operation is added, what it will change (which files managed()
+    writes, whether running() starts a unit). The deploy adds an operation that depends on another
+    (a daemon-reload after a unit file, Docker's restart after its proxy drop-in) only when the
+    helper says it will run, so `pyinfra --dry` and the confirmation prompt list no "conditional"
+    change that never happens (issue 39). The helper and its operation share one comparison.
+
+    `unknown` takes the same keyword arguments and answers what to assume before any fact is
+    read: deploy.fact_reads() walks the stages with a recorder to learn what to read ahead, and
+    then every dependent operation must be walked (the answer that adds the most operations)."""
+    def attach(fn):
+        fn.unknown = unknown
+        return fn
+    return attach
+
+
 def fail_command(sentence: str) -> StringCommand:
     """A command that fails only this host with `sentence` on stderr: pyinfra marks a host whose
     command exits non-zero as failed and carries on with the others."""

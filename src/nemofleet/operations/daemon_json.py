@@ -19,7 +19,7 @@ from ..facts.docker import DaemonJson, DockerInfo
 from ..facts.prefetch import fact
 from ..dockerconf import NEVER, DaemonJsonError, validate_settings  # noqa: F401  (checked before any host)
 from ..paths import DAEMON_JSON
-from . import atomic_put, fail_command, reads_with, temp_path
+from . import atomic_put, fail_command, predicts, reads_with, temp_path
 
 # keys dockerd applies on SIGHUP (dockerd docs, configuration reload behavior); the rest need a restart
 RELOADABLE = frozenset({
@@ -143,6 +143,23 @@ def _apply_snippet(path: str, action: str) -> str:
                         "the previous file was restored") + "; exit 1; fi")
 
 
+def differing_keys(before: dict, after: dict) -> set[str]:
+    return {k for k in set(after) | set(before) if after.get(k) != before.get(k)}
+
+
+@predicts(lambda desired, defaults=None, **_: set(desired) | set(defaults or {}))
+def changed_keys(desired: dict, defaults: dict | None = None, path: str = DAEMON_JSON) -> set[str]:
+    """The keys configured(desired=..., defaults=..., path=...) will change, from the same fact
+    (read ahead): the GPU access probe runs again when one of them decides GPU access. Empty when
+    the file cannot be read or the keys are refused (configured() fails the host then)."""
+    try:
+        validate_settings({**(defaults or {}), **desired})
+    except DaemonJsonError:
+        return set()
+    current = fact(DaemonJson, path=path)["data"]
+    return set() if current is None else differing_keys(current, merge(current, desired, defaults))
+
+
 @reads_with(lambda path=DAEMON_JSON, **_: (DaemonJson, {"path": path}))
 @operation(is_idempotent=True)
 def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_JSON, changed: set | None = None):
@@ -176,7 +193,7 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
         return
     restart = needs_restart(current["data"], merged)
     if changed is not None:
-        changed.update(k for k in set(merged) | set(current["data"]) if merged.get(k) != current["data"].get(k))
+        changed.update(differing_keys(current["data"], merged))
     action = "restart" if restart else "reload"
     text = render(merged)
     if state.config.DIFF:

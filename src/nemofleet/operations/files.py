@@ -12,12 +12,31 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from ..facts.files import FilesDigest, FileText
 from ..facts.prefetch import fact
-from . import atomic_put, cmd, reads_with
+from . import atomic_put, cmd, predicts, reads_with
 
 
 def reads(files: dict, dirs: dict | None = None) -> tuple:
     """The fact managed() reads (deploy.py reads it ahead with every other, in one command)."""
     return FilesDigest, {"paths": tuple(sorted(files) + sorted(dirs or {}))}
+
+
+def differences(files: dict[str, tuple[str, str]], dirs: dict[str, str] | None, current: dict) -> tuple[list, list]:
+    """What managed() changes, from its FilesDigest fact: ([(dir, mode)] to create or re-mode,
+    [(path, content, mode, current)] to write). The one comparison of wanted and present."""
+    bad_dirs = [(d, m) for d, m in sorted((dirs or {}).items()) if current.get(d) != (oct(int(m, 8))[2:], "dir")]
+    todo = []
+    for path, (content, mode) in sorted(files.items()):
+        want = (oct(int(mode, 8))[2:], hashlib.sha256(content.encode()).hexdigest())
+        if current.get(path) != want:
+            todo.append((path, content, mode, current.get(path)))
+    return bad_dirs, todo
+
+
+@predicts(lambda files, dirs=None, **_: set(files))
+def will_change(files: dict[str, tuple[str, str]], dirs: dict[str, str] | None = None) -> set[str]:
+    """The paths of `files` that managed(files=..., dirs=...) will write, from the same fact (read
+    ahead): what the deploy decides a dependent operation from (a reload after a unit file)."""
+    return {path for path, *_ in differences(files, dirs, fact(*reads(files, dirs)))[1]}
 
 
 @reads_with(lambda files, dirs=None, **_: reads(files, dirs))
@@ -26,18 +45,12 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
             dirs: dict[str, str] | None = None):
     """Make each path hold exactly `content` with `mode` ({path: (content, "0644")}).
 
-    Paths that differ are added to `changed` (read later by `_if=` callables). With `secret`,
-    contents are never shown in --diff output. `dirs` ({dir: mode}) are created first.
+    Paths that differ are added to `changed` as the operation runs (will_change() says the same
+    before it is added). With `secret`, contents are never shown in --diff output. `dirs`
+    ({dir: mode}) are created first.
     """
     dirs = dirs or {}
-    cls, kwargs = reads(files, dirs)
-    current = fact(cls, **kwargs)
-    bad_dirs = [(d, m) for d, m in sorted(dirs.items()) if current.get(d) != (oct(int(m, 8))[2:], "dir")]
-    todo = []
-    for path, (content, mode) in sorted(files.items()):
-        want = (oct(int(mode, 8))[2:], hashlib.sha256(content.encode()).hexdigest())
-        if current.get(path) != want:
-            todo.append((path, content, mode, current.get(path)))
+    bad_dirs, todo = differences(files, dirs, fact(*reads(files, dirs)))
     if not todo and not bad_dirs:
         host.noop(f"{len(files)} file(s) up to date")
         return

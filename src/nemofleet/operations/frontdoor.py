@@ -10,7 +10,7 @@ from pyinfra.api import operation
 
 from ..facts.files import FilesDigest
 from ..facts.prefetch import fact
-from . import atomic_put, reads_with, temp_path
+from . import atomic_put, predicts, reads_with, temp_path
 
 
 def refusal(host_name: str, path: str, role: str = "front door") -> tuple[str, str]:
@@ -25,6 +25,13 @@ def reads(path: str) -> tuple:
     return FilesDigest, {"paths": (path,)}
 
 
+@predicts(lambda path, content, **_: True)
+def will_change(path: str, content: str) -> bool:
+    """Whether configured(path=..., content=...) will write the config (from its fact, read ahead):
+    the deploy adds HAProxy's reload only then."""
+    return fact(*reads(path)).get(path) != ("644", hashlib.sha256(content.encode()).hexdigest())
+
+
 @reads_with(lambda path, **_: reads(path))
 @operation(is_idempotent=True)
 def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy",
@@ -33,9 +40,7 @@ def configured(path: str, content: str, changed: set | None = None, haproxy: str
     live one: a refused config is removed and the host fails with one sentence (HAProxy's first
     ALERT line in it); the live file and the running proxy are untouched. `role`: what the
     sentence calls it (the host's "front door", or the fleet "gateway")."""
-    want = ("644", hashlib.sha256(content.encode()).hexdigest())
-    cls, kwargs = reads(path)
-    if fact(cls, **kwargs).get(path) == want:
+    if not will_change(path, content):
         host.noop("front door config up to date")
         return
     if changed is not None:

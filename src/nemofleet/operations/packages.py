@@ -18,7 +18,7 @@ from pyinfra.api import StringCommand, operation
 from ..facts.packages import AptPackages
 from ..facts.prefetch import fact
 from .. import shell
-from . import atomic_put, cmd, reads_with
+from . import atomic_put, cmd, predicts, reads_with
 from .files import FilesDigest
 
 APT_UPDATE_TIMEOUT = 300  # seconds for one repository's lists
@@ -120,13 +120,19 @@ def installed_reads(packages) -> tuple:
     return AptPackages, {"names": tuple(packages)}
 
 
+@predicts(lambda packages, **_: list(packages))
+def will_install(packages: list[str]) -> list[str]:
+    """The packages installed(packages=...) will install (from its fact, read ahead)."""
+    have = fact(*installed_reads(packages))
+    return [p for p in packages if not (have.get(p) or {}).get("version")]
+
+
 @reads_with(lambda packages, **_: installed_reads(packages))
 @operation(is_idempotent=True)
 def installed(packages: list[str]):
     """The distribution's packages installed (any version; e.g. haproxy for the front door). One
     fact, read ahead with the rest; when one is missing: apt-get update then install, both bounded."""
-    have = fact(*installed_reads(packages))
-    missing = [p for p in packages if not (have.get(p) or {}).get("version")]
+    missing = will_install(packages)
     if not missing:
         host.noop(f"{', '.join(packages)} installed")
         return
