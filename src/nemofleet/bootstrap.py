@@ -101,13 +101,15 @@ def install(s: Settings) -> bool | None:
                    or (want_toolkit and packages.unmet(have, TOOLKIT_PACKAGES, tk_version)))
     loaded_ok = bool(have["_driver"]) and have["_driver"].startswith(f"{branch}.")
     if want_driver:
-        installed: set = set()
         packages.pinned(name=f"NVIDIA driver {branch} (pinned, held)", packages=drv_pkgs, version=f"{branch}.*",
                         pin_file="/etc/apt/preferences.d/nemofleet-nvidia-driver", label=f"NVIDIA driver {branch}",
-                        source=drv_source, changed=installed)
-        reboot.reboot_and_wait(name=f"Reboot into NVIDIA driver {branch}",
-                               why=f"NVIDIA driver {branch} was installed and is not loaded yet",
-                               _if=lambda: bool(installed) or not loaded_ok)
+                        source=drv_source)
+        # decided from the facts (an honest --dry: no conditional reboot): the driver packages this run
+        # installs, or a driver branch that is not the loaded one
+        if not loaded_ok or any(not packages.matches((have.get(n) or {}).get("version"), f"{branch}.*")
+                                for n in drv_pkgs):
+            reboot.reboot_and_wait(name=f"Reboot into NVIDIA driver {branch}",
+                                   why=f"NVIDIA driver {branch} was installed and is not loaded yet")
         pending = pending or not loaded_ok
     if want_toolkit:
         packages.pinned(name=f"NVIDIA Container Toolkit {tk_version} (pinned, held)", packages=TOOLKIT_PACKAGES,

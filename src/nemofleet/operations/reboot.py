@@ -64,7 +64,7 @@ def _reconnect(host, timeout: float, interval: float) -> bool:  # pragma: no cov
 
 @operation(is_idempotent=False)
 def reboot_and_wait(why: str, timeout: int = 900, interval: int = 3):
-    """Reboot now and wait for SSH and systemd; gate with _if= on what needs the reboot."""
+    """Reboot now and wait for SSH and systemd; add it only when the facts say a reboot is needed."""
     connector = getattr(host.connector_cls, "__name__", "").lower().replace("connector", "")
     if is_controller(connector, host.get_fact(MachineId)):
         yield fail_command(f"{host.name} is the machine nemofleet runs on; it never reboots it ({why}): "
