@@ -789,26 +789,32 @@ def _departures(lay: _Layout) -> list[Departure]:
 
 
 def _unverified_arch_warning(lay: _Layout) -> str | None:
-    """Blackwell GPUs other than sm100 (B300/GB300: sm103) are planned with the blackwell rows,
-    whose kernels the sources name for sm100 only (docs/recipes.md#sm103): say that this is
-    unverified, and the settings that hand the choice back to vLLM."""
-    if lay.arch.name != "blackwell":
-        return None
-    g = lay.gpus[0]
+    """A GPU planned with flags whose source names another GPU: say that this is unverified, and
+    the setting that hands the choice back to vLLM (docs/recipes.md#sm103). Blackwell other than
+    sm100 (B300/GB300: sm103) gets the blackwell rows, whose kernels the sources name for sm100 only;
+    an sm12x GPU other than the day-one post's two boards (Jetson Thor, cc 11.x; GB10, cc 12.1), such
+    as an RTX PRO 6000 (cc 12.0), gets the rows of the post's Jetson line."""
+    g, arch = lay.gpus[0], lay.arch.name
     cc = g.cc or ""
-    named = re.search(r"\b(GB|B)300\b", g.name)
-    if cc in ("10.0",) and not named:
-        return None
     flags = dict(_flags(lay.ctx, lay.arch, lay.tp, lay.seqs, lay.batched))
-    sm100 = [(n, flags[n]) for n in ("--mamba-ssu-algorithm", "--moe-backend") if flags.get(n) in ("horizontal",
-                                                                                                    "flashinfer_cutlass")]
-    if not sm100:
-        return None
-    where = f"cc {cc}" if cc and cc != "10.0" else "a B300-class GPU, sm103"
-    override = ", ".join(f'"{n}": "auto"' for n, _ in sm100)
-    return (f"{gpu_table.label(g)} ({where}) is planned as Blackwell with {' '.join(vllm_flags.render(sm100))}, "
-            "which the sources nemofleet follows name for sm100 only (docs/recipes.md#sm103): unverified on this GPU; "
-            f"vllm_extra_args: {{{override}}} lets vLLM choose the kernels itself")
+    if arch == "blackwell" and (cc not in ("", "10.0") or re.search(r"\b(GB|B)300\b", g.name)):
+        sm100 = [(n, flags[n]) for n in ("--mamba-ssu-algorithm", "--moe-backend")
+                 if flags.get(n) in ("horizontal", "flashinfer_cutlass")]
+        if not sm100:
+            return None
+        where = f"cc {cc}" if cc and cc != "10.0" else "a B300-class GPU, sm103"
+        override = ", ".join(f'"{n}": "auto"' for n, _ in sm100)
+        return (f"{gpu_table.label(g)} ({where}) is planned as Blackwell with {' '.join(vllm_flags.render(sm100))}, "
+                "which the sources nemofleet follows name for sm100 only (docs/recipes.md#sm103): unverified on this "
+                f"GPU; vllm_extra_args: {{{override}}} lets vLLM choose the kernels itself")
+    if arch == "sm12x" and not (lay.ctx.cc.startswith("11.") or lay.ctx.cc == "12.1"):
+        rows = [n for n, _ in _rows(lay.ctx, arch)]
+        if not rows:
+            return None
+        return (f"{gpu_table.label(g)} (cc {lay.ctx.cc or '?'}) is planned with {' '.join(rows)}, which the day-one "
+                "post sets on Jetson Thor (cc 11.0) and nemofleet has not seen run on this GPU "
+                "(docs/recipes.md#sm103): unverified; recipe_flags: false leaves them to vLLM")
+    return None
 
 
 # ---------------------------------------------------------------------------- plan

@@ -311,3 +311,15 @@ def test_sm100_gets_no_unverified_warning():
     for gpus in (_gpus("NVIDIA B200", 183359, "10.0", 8), _gpus("NVIDIA GB200", 189471, "10.0")):
         p = make_plan("b", gpus, {"model": "nemotron-3.5-lightning-nvfp4"})
         assert not [w for w in p.warnings if "unverified" in w]
+
+
+def test_sm120_gets_the_jetson_rows_with_a_warning_that_says_unverified():
+    rtx = _gpus("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0")
+    p = make_plan("rtx", rtx, {"model": "nemotron-3.5-lightning-nvfp4"})
+    (w,) = [w for w in p.warnings if "unverified" in w]
+    assert "--enable-mamba-cache-stochastic-rounding" in w and "recipe_flags: false leaves them to vLLM" in w
+    over = make_plan("rtx", rtx, {"model": "nemotron-3.5-lightning-nvfp4", "recipe_flags": False})
+    assert not [w for w in over.warnings if "unverified" in w]
+    assert "--enable-prefix-caching" not in over.instances[0].args
+    for board in (GB10, THOR):  # the post's own boards: no warning
+        assert not [w for w in make_plan("b", board, {}).warnings if "unverified" in w]
