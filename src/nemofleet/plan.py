@@ -396,7 +396,8 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
         arch = gpu_table.arch_of(group[0])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
-    ctx = dataclasses.replace(_unified_util(ctx, group[0]), cc=group[0].cc or gpu_table.cc_for_name(group[0].name) or "")
+    cc = group[0].cc or gpu_table.cc_for_name(group[0].name) or ""
+    ctx = dataclasses.replace(_unified_util(ctx, group[0]), cc=cc)
     m, s, n = ctx.model, ctx.s, len(group)
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
@@ -650,8 +651,9 @@ def vllm_batch_defaults(version: str, gpu: Gpu) -> tuple[int, int]:
 
 
 # The published commands a plan follows (docs/recipes.md): Lightning's by GPU, the others by model.
-_LINES = {"a100": "the A100 README", "h100": "the day-one post's H100 line", "dgx-spark": "the day-one post's DGX Spark line",
-          "jetson": "the day-one post's Jetson line", "super-vl": "the article", "generic": "a command without them"}
+_LINES = {"a100": "the A100 README", "h100": "the day-one post's H100 line",
+          "dgx-spark": "the day-one post's DGX Spark line", "jetson": "the day-one post's Jetson line",
+          "super-vl": "the article", "generic": "a command without them"}
 
 
 def _line(lay: _Layout) -> str | None:

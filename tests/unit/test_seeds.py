@@ -323,3 +323,55 @@ def test_sm120_gets_the_jetson_rows_with_a_warning_that_says_unverified():
     assert "--enable-prefix-caching" not in over.instances[0].args
     for board in (GB10, THOR):  # the post's own boards: no warning
         assert not [w for w in make_plan("b", board, {}).warnings if "unverified" in w]
+
+
+def test_nemofleet_plan_with_the_seeds_facts_shows_each_departure_line(tmp_path, monkeypatch):
+    """The operator's view: `nemofleet plan --facts` on the H100 host of seed 003 and the GB10 of its
+    DGX Spark line prints one `departure:` line per Departure, and the flags line the tests compare."""
+    from test_plan import _facts_with, _plan_facts
+
+    gb10 = json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())
+    rc, out = _plan_facts(tmp_path, monkeypatch, {"h100-1": (_facts_with(H100), CASES["003-h100"][1]),
+                                                  "spark-1": (gb10, CASES["003-dgx-spark"][1])})
+    assert rc == 0 and "REFUSED" not in out and "Traceback" not in out, out
+    for name, host in (("003-h100", "h100-1"), ("003-dgx-spark", "spark-1")):
+        p = make_plan(host, CASES[name][0], CASES[name][1])
+        for text in p.departures:
+            assert f"departure: {text}" in out, text
+        assert "flags: " + " ".join(p.instances[0].args[1:]) in out
+
+
+# ---------------------------------------------------------------------------- the real parsers (opt-in)
+
+REAL_PYTHON = __import__("os").environ.get("NEMOFLEET_VLLM_PYTHON")
+REAL_VERSION = __import__("os").environ.get("NEMOFLEET_VLLM_VERSION", "0.32.0")
+
+
+@pytest.mark.skipif(not REAL_PYTHON, reason="opt-in: NEMOFLEET_VLLM_PYTHON=tests/real_vllm/vllm_python.sh, "
+                    "as make test-real-parser sets it")
+def test_every_seed_plan_and_restored_plan_parses_with_the_real_vllm_parser():
+    """The seeds' own commands, the plans on their hardware and the plans with every restoring
+    setting, and the unverified-hardware lines, parsed by the real parser of NEMOFLEET_VLLM_VERSION."""
+    import subprocess
+
+    image = {"vllm_image": f"vllm/vllm-openai:v{REAL_VERSION}"}
+    todo = []
+    for name, (gpus, data, _, _) in CASES.items():
+        todo.append({"name": f"seed {name}", "args": seed_words(name)})
+        p = make_plan("seed", gpus, merged(data, image))
+        restored = make_plan("seed", gpus, merged(data, image, *[d.restore for d in p.departed if d.restore]))
+        for label, plan in (("plan", p), ("restored", restored)):
+            m = plan.model
+            todo.append({"name": f"{label} {name}", "args": plan.instances[0].args, "reasoning": m.reasoning_parser,
+                         "plugin": bool(m.reasoning_parser_plugin), "tool": m.tool_call_parser})
+    for gpus, data in ((B300, {"model": "nemotron-3.5-lightning-nvfp4"}), (B300, {"vllm_extra_args": {
+            "--mamba-ssu-algorithm": "auto", "--moe-backend": "auto"}, "model": "nemotron-3.5-lightning-nvfp4"}),
+            (THOR, {"model": "nemotron-3.5-lightning-bf16"}), (GB10, {"recipe_flags": False})):
+        p = make_plan("hw", gpus, merged(data, image))
+        todo.append({"name": f"{gpus[0].name} {data}", "args": p.instances[0].args, "tool": p.model.tool_call_parser})
+    r = subprocess.run([REAL_PYTHON, str(HERE.parent / "real_vllm" / "vllm_parse.py")], input=json.dumps(todo),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [], result["errors"]
+    print(f"{len(todo)} seed command lines parsed by vLLM {REAL_VERSION}")
