@@ -35,8 +35,8 @@ CONTAINER_PORT = 8000
 TP_SIZES = (1, 2, 4, 8)
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,40}$")
 
-__all__ = ["CONTAINER_PORT", "GIB", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError", "make_plan",
-           "effective_cgroup_driver", "gpus_from_facts"]
+__all__ = ["CONTAINER_PORT", "GIB", "Departure", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError",
+           "make_plan", "effective_cgroup_driver", "gpus_from_facts", "vllm_batch_defaults"]
 
 
 class PlanError(ValueError):
@@ -109,6 +109,18 @@ class GroupRole:
                 "interface": self.interface, "port": self.port}
 
 
+@dataclass(frozen=True)
+class Departure:
+    """One place where the planned line departs from the published command it follows
+    (docs/recipes.md#departures). `text` is the `departure:` line (what, why, and the setting that
+    restores the recipe's way, or that none can); `flags` the flags (or config keys,
+    "--speculative-config.num_speculative_tokens") it names; `restore` the host settings that give
+    the published command's flags back (the text names them), None where no setting can."""
+    text: str
+    flags: tuple[str, ...]
+    restore: dict | None
+
+
 @dataclass
 class Mount:
     host: str
@@ -135,6 +147,7 @@ class Plan:
     # each departure from the published recipe the plan follows: what, why, and the setting
     # that restores the recipe's way (docs/recipes.md)
     departures: list[str] = field(default_factory=list)
+    departed: list[Departure] = field(default_factory=list)  # the same, with their flags and settings
 
     def to_dict(self) -> dict:
         return {
@@ -180,6 +193,7 @@ class _Ctx:
     model_path: str
     draft_paths: dict
     extra: tuple
+    cc: str = ""  # compute capability of the GPU model being planned (set per GPU model by _layout)
 
 
 class _NoFit(Exception):
@@ -275,11 +289,17 @@ def _flags(ctx: _Ctx, arch: gpu_table.Arch, tp: int, seqs: int, batched: int, mo
     # flags that are a setting's value (--kv-cache-dtype, --shutdown-timeout...): the one flag table's rows
     f += flagtable.from_settings(s)
     planned = {n for n, _ in f}
-    f += [r for r in recipes.flags_for(m, arch.name, bool(ctx.spec), lambda n: _supported(ctx.v, n))
-          if r[0] not in planned]
+    f += [r for r in _rows(ctx, arch.name) if r[0] not in planned]
     extra = list(ctx.extra) + list(more)
     names = {n for n, _ in extra}
     return flagtable.ordered([(n, val) for n, val in f if n not in names] + extra)
+
+
+def _rows(ctx: _Ctx, arch: str) -> list[tuple[str, object]]:
+    """The recipe rows (recipes.py) of this model on this GPU; none with recipe_flags: false."""
+    if not ctx.s.recipe_flags:
+        return []
+    return recipes.flags_for(ctx.model, arch, bool(ctx.spec), lambda n: _supported(ctx.v, n), ctx.cc)
 
 
 def _supported(v: vllm_flags.VllmVersion, name: str) -> bool:
@@ -376,7 +396,8 @@ def _layout(ctx: _Ctx, group: list[Gpu]) -> _Layout:
         arch = gpu_table.arch_of(group[0])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
-    ctx = _unified_util(ctx, group[0])
+    cc = group[0].cc or gpu_table.cc_for_name(group[0].name) or ""
+    ctx = dataclasses.replace(_unified_util(ctx, group[0]), cc=cc)
     m, s, n = ctx.model, ctx.s, len(group)
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
@@ -616,45 +637,186 @@ def _safe_shape(lay: _Layout) -> str:
     return f"; {count}x {gpu_table.label(g)} holds the safe line" if count else ""
 
 
-def _departures(lay: _Layout) -> list[str]:
-    """Where the planned line departs from the published recipe of this model on this GPU
-    architecture: one line each, what, why, and the setting that restores the recipe's way.
-    Sources and reasons: docs/recipes.md (#lightning-h100, #super-vl, #batch-sizes, #unified-memory)."""
-    ctx, m, s, arch = lay.ctx, lay.ctx.model, lay.ctx.s, lay.arch.name
-    out = []
-    if m.family == "lightning" and arch in ("hopper", "blackwell", "sm12x") and not s.max_model_len:
-        out.append(f"--max-model-len {ctx.mml}: the day-one recipe leaves the context to the model "
-                   f"({m.max_context} tokens); nemofleet plans the {ctx.mml} that ran stable on one 80 GB GPU "
-                   f"(docs/recipes.md#lightning-a100); max_model_len: {m.max_context} restores the recipe's way")
-    if m.family == "lightning" and arch == "hopper" and ctx.spec:
-        out.append("--mamba-ssu-algorithm horizontal left out (the day-one H100 recipe sets it): FlashInfer runs it "
-                   "on sm90 only without speculative decoding (docs/recipes.md#lightning-h100); speculative: none "
-                   "restores it")
-    if m.family == "super-vl" and m.reasoning_parser_plugin:
-        out.append(f"--reasoning-parser-plugin {ctx.model_path}/{m.reasoning_parser_plugin} added (the article "
-                   f"passes --reasoning-parser {m.reasoning_parser} alone): vLLM {ctx.v.version} does not register "
-                   f"{m.reasoning_parser}, the parser file ships in the model repository (docs/recipes.md#super-vl); "
-                   "the article's way needs an image whose vLLM registers it")
-    batch = {"super-vl": (f"--max-num-seqs {lay.seqs} --max-num-batched-tokens {lay.batched}", "the article"),
-             "lightning": (f"--max-num-seqs {lay.seqs}", "the day-one post's DGX Spark line")}.get(m.family)
-    if batch and (m.family == "super-vl" or arch == "sm12x"):
-        out.append(f"{batch[0]} added ({batch[1]} leaves vLLM's default, up to 1024 sequences): more sequences "
-                   "than Mamba cache blocks stop vLLM (vllm#49064, docs/recipes.md#batch-sizes); max_num_seqs and "
-                   "max_num_batched_tokens set them")
-    if m.family == "lightning" and arch == "sm12x":
-        rows = [n for n, _ in recipes.flags_for(m, arch, bool(ctx.spec), lambda n: _supported(ctx.v, n))]
-        if rows:
-            out.append(f"{' '.join(rows)} added (the day-one post's DGX Spark line leaves them): its Jetson line "
-                       "sets them on Blackwell outside sm100 and the A100 README everywhere (docs/recipes.md#sm12x); "
-                       "vllm_extra_args can give each another value")
+def vllm_batch_defaults(version: str, gpu: Gpu) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) that `vllm serve` takes on `gpu` when neither flag is
+    given: get_batch_defaults in vllm/engine/arg_utils.py, the OPENAI_API_SERVER values. 0.27.1:
+    1024/8192 on a GPU of 70 GiB or more that is not an A100, else 256/2048; 0.32.0 adds 1024/16384
+    from 160 GiB. vLLM reads the device's total memory: on a unified-memory board, MemTotal."""
+    mem, name = gpu.memory_mib * MIB, gpu.name.lower()
+    if versions.parse(version) >= (0, 32) and mem >= 160 * GIB:
+        return 1024, 16384
+    if mem >= 70 * GIB and "a100" not in name:
+        return 1024, 8192
+    return 256, 2048
+
+
+# The published commands a plan follows (docs/recipes.md): Lightning's by GPU, the others by model.
+_LINES = {"a100": "the A100 README", "h100": "the day-one post's H100 line",
+          "dgx-spark": "the day-one post's DGX Spark line", "jetson": "the day-one post's Jetson line",
+          "super-vl": "the article", "generic": "a command without them"}
+
+
+def _line(lay: _Layout) -> str | None:
+    """Which published command this plan follows: Lightning's A100 README on Ampere/Ada, the
+    day-one post's H100 line on Hopper/Blackwell, its Jetson line on Jetson Thor (cc 11.x) and its
+    DGX Spark line on the other sm12x GPUs; Super VL's article; none for Nano (docs/recipes.md#nano
+    quotes a guide, not a command); vLLM's own defaults for a generic model."""
+    fam, arch = lay.ctx.model.family, lay.arch.name
+    if fam == "lightning":
+        if arch in ("ampere", "ada"):
+            return "a100"
+        if arch in ("hopper", "blackwell"):
+            return "h100"
+        return "jetson" if lay.ctx.cc.startswith("11.") else "dgx-spark"
+    return {"super-vl": "super-vl", "generic": "generic"}.get(fam)
+
+
+def _model_restore(s, **fields) -> dict:
+    """The `model:` setting with these fields changed (a catalog key becomes {catalog: key, ...})."""
+    base = dict(s.model) if isinstance(s.model, dict) else {"catalog": s.model}
+    return {"model": {**base, **fields}}
+
+
+def _shown(restore: dict) -> str:
+    """Settings as an operator writes them in host data: 'max_num_seqs: 1024, model: {...}'."""
+    def one(v):
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k}: {one(x)}" for k, x in v.items()) + "}"
+        return "null" if v is None else ("true" if v is True else "false" if v is False else str(v))
+    return ", ".join(f"{k}: {one(v)}" for k, v in restore.items())
+
+
+def _departures(lay: _Layout) -> list[Departure]:
+    """Where the planned line departs from the published command it follows (_line) on this GPU:
+    one Departure each, what, why, and the setting that restores the recipe's way, or that none
+    can. Sources and reasons: docs/recipes.md (#departures and the sections it names)."""
+    ctx, m, s = lay.ctx, lay.ctx.model, lay.ctx.s
+    line = _line(lay)
+    if line is None:
+        return []
+    src, out = _LINES[line], []
     g = lay.gpus[0]
+    util = float(s.gpu_memory_utilization)
+
+    def add(flags, text, restore):
+        way = "vLLM's own values" if line == "generic" else "the recipe's way"
+        tail = f"; {_shown(restore)} restores {way}" if restore is not None and "restore" not in text else ""
+        out.append(Departure(text + tail, tuple(flags), restore))
+
+    if line in ("h100", "dgx-spark", "jetson"):
+        if not s.max_model_len:
+            add(["--max-model-len"], f"--max-model-len {ctx.mml}: the day-one recipe leaves the context to the model "
+                f"({m.max_context} tokens); nemofleet plans the {ctx.mml} that ran stable on one 80 GB GPU "
+                f"(docs/recipes.md#lightning-a100); max_model_len: {m.max_context} restores the recipe's way",
+                {"max_model_len": m.max_context})
+        if not g.unified and util != recipes.VLLM_DEFAULTS["--gpu-memory-utilization"]:
+            why = ("nemofleet's default is the A100 README's measured 0.90 (73 of 80 GB held, "
+                   "docs/recipes.md#lightning-a100), which leaves the CUDA context room beside the cache"
+                   if util == 0.90 else "gpu_memory_utilization sets it")
+            add(["--gpu-memory-utilization"], f"--gpu-memory-utilization {util:.2f}: {src} leaves vLLM's default 0.92 "
+                f"(vllm/config/cache.py); {why}", {"gpu_memory_utilization": 0.92})
+        if line in ("h100", "dgx-spark") and m.trust_remote_code:
+            add(["--trust-remote-code"], f"--trust-remote-code added ({src} leaves it out): the A100 README and "
+                "the Jetson line pass it for the same checkpoints (docs/recipes.md#lightning-a100)",
+                _model_restore(s, trust_remote_code=False))
+        parsers = ([] if line != "dgx-spark" or not m.reasoning_parser else
+                   [("--reasoning-parser", m.reasoning_parser)])
+        if m.tool_call_parser and line in ("dgx-spark", "jetson"):
+            parsers += [("--tool-call-parser", m.tool_call_parser), ("--enable-auto-tool-choice", None)]
+        if parsers:
+            fields = {"reasoning_parser": None} if line == "dgx-spark" and m.reasoning_parser else {}
+            fields.update({"tool_call_parser": None} if m.tool_call_parser else {})
+            add([n for n, _ in parsers], " ".join(vllm_flags.render(parsers)) + f" added ({src} sets no "
+                f"{'parser' if line == 'dgx-spark' else 'tool-call parser'}): the H100 line and the A100 README set "
+                f"them for this model, without them {'reasoning and ' if 'reasoning_parser' in fields else ''}tool "
+                "calls come back as plain text (docs/recipes.md#lightning-h100)", _model_restore(s, **fields))
+    if line == "h100" and lay.arch.name == "hopper" and ctx.spec:
+        add(["--mamba-ssu-algorithm"], "--mamba-ssu-algorithm horizontal left out (the day-one H100 recipe sets it): "
+            "FlashInfer runs it on sm90 only without speculative decoding (docs/recipes.md#lightning-h100); "
+            "speculative: none restores it, and no setting gives both on sm90", None)
+    if line == "dgx-spark":
+        if ctx.spec != "dspark":
+            add(["--speculative-config"], f"{'speculative ' + ctx.spec if ctx.spec else 'no speculative decoding'} "
+                f"where {src} runs DSpark with the {m.drafts['dspark'].repo if 'dspark' in m.drafts else '-DSpark'} "
+                "draft (docs/recipes.md#lightning-h100)", {"speculative": "dspark"} if "dspark" in m.drafts else None)
+        else:
+            add(["--speculative-config.num_speculative_tokens"], f"num_speculative_tokens {ctx.spec_tokens} in "
+                f"--speculative-config ({src} leaves the count to the draft checkpoint): vLLM {ctx.v.version} then "
+                "takes the draft config's n_predict or stops with 'A speculative model was provided, but "
+                "num_speculative_tokens was not provided' (vllm/config/speculative.py), and nemofleet budgets one "
+                "Mamba state block per speculative token before the draft is on the host; no setting leaves the "
+                "count out (num_speculative_tokens gives another)", None)
+        given = {n for n, _ in ctx.extra}
+        if not any(n.startswith("--compilation-config") for n in given):
+            add(["--compilation-config.cudagraph_capture_sizes"], "--compilation-config.cudagraph_capture_sizes of "
+                f"{src} left out: the post tuned those 39 sizes up to 8192 tokens for one user on a DGX Spark, and "
+                "nemofleet budgets vLLM's own capture sizes in its runtime term (docs/recipes.md#memory-model)",
+                {"vllm_extra_args": {**s.vllm_extra_args, "--compilation_config.cudagraph_capture_sizes":
+                                     recipes.DGX_SPARK_CUDAGRAPH_SIZES}})
+        rows = [n for n, _ in _rows(ctx, lay.arch.name)]
+        if rows:
+            add(rows, f"{' '.join(rows)} added ({src} leaves them): its Jetson line sets them on Blackwell outside "
+                "sm100 and the A100 README everywhere (docs/recipes.md#sm12x); vllm_extra_args can give each another "
+                "value, and recipe_flags: false restores the recipe's way", {"recipe_flags": False})
+    if m.family == "super-vl" and m.reasoning_parser_plugin:
+        add(["--reasoning-parser-plugin"], f"--reasoning-parser-plugin {ctx.model_path}/{m.reasoning_parser_plugin} "
+            f"added (the article passes --reasoning-parser {m.reasoning_parser} alone): vLLM {ctx.v.version} does not "
+            f"register {m.reasoning_parser}, the parser file ships in the model repository (docs/recipes.md#super-vl); "
+            "no setting restores the article's way: it needs an image whose vLLM registers the parser", None)
+    if line in ("super-vl", "dgx-spark", "jetson", "generic"):
+        seqs, batched = vllm_batch_defaults(ctx.v.version, g)
+        # the DGX Spark and Jetson lines set --max-num-batched-tokens 16384 themselves
+        diff = [(n, mine, theirs) for n, mine, theirs in (("--max-num-seqs", lay.seqs, seqs),
+                                                            ("--max-num-batched-tokens", lay.batched, batched))
+                if mine != theirs and not (n == "--max-num-batched-tokens" and line in ("dgx-spark", "jetson"))]
+        if diff:
+            restore = {n[2:].replace("-", "_"): theirs for n, _, theirs in diff}
+            why = ("more sequences than Mamba cache blocks stop vLLM (vllm#49064, docs/recipes.md#batch-sizes)"
+                   if m.hybrid else "nemofleet budgets the batch it plans (docs/recipes.md#batch-sizes)")
+            add([n for n, _, _ in diff], " ".join(f"{n} {mine}" for n, mine, _ in diff) + f" added ({src} leaves "
+                f"vLLM's default, {' and '.join(str(t) for _, _, t in diff)} on {gpu_table.label(g)} in vLLM "
+                f"{ctx.v.version}: vllm/engine/arg_utils.py get_batch_defaults): {why}", restore)
+    if line == "generic":
+        add(["--chat-template"], f"no --chat-template: {m.repo} runs on the vLLM {ctx.v.version} of {s.vllm_image} as "
+            "it ships, with the model's own chat template; no setting restores a recipe that patches vLLM's source "
+            "(a model file, the tokenizer, a --chat-template file inside its install: docs/recipes.md#generic): "
+            "build an image with the patches and name it in vllm_image", None)
     if g.unified:
-        util = float(ctx.s.gpu_memory_utilization)
-        out.append(f"--gpu-memory-utilization {util:.2f} on {gpu_table.label(g)} of unified memory: the GPU shares the "
-                   f"system memory, and {mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} of it stays for the OS "
-                   f"(docs/recipes.md#unified-memory); gpu_memory_utilization above {util:.2f} is capped there, "
-                   "below it is taken as given")
+        add(["--gpu-memory-utilization"], f"--gpu-memory-utilization {float(ctx.s.gpu_memory_utilization):.2f} on "
+            f"{gpu_table.label(g)} of unified memory: the GPU shares the system memory, and "
+            f"{mem_model.gib(mem_model.UNIFIED_OS_RESERVE_BYTES)} of it stays for the OS "
+            f"(docs/recipes.md#unified-memory); gpu_memory_utilization above {float(ctx.s.gpu_memory_utilization):.2f} "
+            "is capped there, below it is taken as given; no setting restores vLLM's default 0.92 here", None)
     return out
+
+
+def _unverified_arch_warning(lay: _Layout) -> str | None:
+    """A GPU planned with flags whose source names another GPU: say that this is unverified, and
+    the setting that hands the choice back to vLLM (docs/recipes.md#sm103). Blackwell other than
+    sm100 (B300/GB300: sm103) gets the blackwell rows, whose kernels the sources name for sm100 only;
+    an sm12x GPU other than the day-one post's two boards (Jetson Thor, cc 11.x; GB10, cc 12.1), such
+    as an RTX PRO 6000 (cc 12.0), gets the rows of the post's Jetson line."""
+    g, arch = lay.gpus[0], lay.arch.name
+    cc = g.cc or ""
+    flags = dict(_flags(lay.ctx, lay.arch, lay.tp, lay.seqs, lay.batched))
+    if arch == "blackwell" and (cc not in ("", "10.0") or re.search(r"\b(GB|B)300\b", g.name)):
+        sm100 = [(n, flags[n]) for n in ("--mamba-ssu-algorithm", "--moe-backend")
+                 if flags.get(n) in ("horizontal", "flashinfer_cutlass")]
+        if not sm100:
+            return None
+        where = f"cc {cc}" if cc and cc != "10.0" else "a B300-class GPU, sm103"
+        override = ", ".join(f'"{n}": "auto"' for n, _ in sm100)
+        return (f"{gpu_table.label(g)} ({where}) is planned as Blackwell with {' '.join(vllm_flags.render(sm100))}, "
+                "which the sources nemofleet follows name for sm100 only (docs/recipes.md#sm103): unverified on this "
+                f"GPU; vllm_extra_args: {{{override}}} lets vLLM choose the kernels itself")
+    if arch == "sm12x" and not (lay.ctx.cc.startswith("11.") or lay.ctx.cc == "12.1"):
+        rows = [n for n, _ in _rows(lay.ctx, arch)]
+        if not rows:
+            return None
+        return (f"{gpu_table.label(g)} (cc {lay.ctx.cc or '?'}) is planned with {' '.join(rows)}, which the day-one "
+                "post sets on Jetson Thor (cc 11.0) and nemofleet has not seen run on this GPU "
+                "(docs/recipes.md#sm103): unverified; recipe_flags: false leaves them to vLLM")
+    return None
 
 
 # ---------------------------------------------------------------------------- plan
@@ -704,11 +866,15 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
                         + "); each is planned on its own with its own flags")
     warnings += [w for w in (_precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
     warnings += [w for w in (_safe_line_warning(lay) for lay in layouts) if w]
+    warnings += [w for w in (_unverified_arch_warning(lay) for lay in layouts) if w]
     identity = _identity(ctx, selected) if sick else None
     plan = finish(host, s, ctx, gpus, _instances(ctx, layouts, identity), [lay.choice for lay in layouts], warnings,
                   {}, docker_version, cdi_available, cgroup_version, cgroup_driver)
     for lay in layouts:
-        plan.departures += [d for d in _departures(lay) if d not in plan.departures]
+        for d in _departures(lay):
+            if d.text not in plan.departures:
+                plan.departures.append(d.text)
+                plan.departed.append(d)
     return plan
 
 

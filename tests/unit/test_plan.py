@@ -643,11 +643,17 @@ def test_extra_args_take_every_spelling_of_vllms_parser():
 
 def test_each_departure_from_a_recipe_is_one_line_with_the_setting_that_restores_it():
     lt = make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16"})
-    (d,) = lt.departures
+    d, util, trust = lt.departures  # issue 37 point 6: 0.90 for vLLM's 0.92, --trust-remote-code added
     assert d.startswith("--max-model-len 131072: the day-one recipe leaves the context to the model (1048576 tokens)")
     assert d.endswith("max_model_len: 1048576 restores the recipe's way")
-    assert not make_plan("h", FLEET["h100x1"], {"model": "nemotron-3.5-lightning-bf16", "max_model_len": 1048576,
-                                                "max_num_seqs": 8}).departures
+    assert util.startswith("--gpu-memory-utilization 0.90: the day-one post's H100 line leaves vLLM's default 0.92")
+    assert util.endswith("gpu_memory_utilization: 0.92 restores the recipe's way")
+    assert trust.startswith("--trust-remote-code added (the day-one post's H100 line leaves it out)")
+    assert trust.endswith("model: {catalog: nemotron-3.5-lightning-bf16, trust_remote_code: false} restores the "
+                          "recipe's way")
+    assert not make_plan("h", FLEET["h100x1"], {
+        "model": {"catalog": "nemotron-3.5-lightning-bf16", "trust_remote_code": False}, "max_model_len": 1048576,
+        "max_num_seqs": 8, "gpu_memory_utilization": 0.92}).departures
     spec = make_plan("h", FLEET["h100x1"], {"speculative": "mtp"}).departures
     assert any(x.startswith("--mamba-ssu-algorithm horizontal left out") and "speculative: none restores it" in x
                for x in spec)
