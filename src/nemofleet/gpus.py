@@ -76,7 +76,8 @@ NAME_TO_CC = [
     (re.compile(r"\bA10G?\b|\bA40\b|\bA30\b|RTX A\d+", re.I), "8.6"),
     (re.compile(r"\bL40S?\b|\bL4\b|RTX 40\d\d", re.I), "8.9"),
     (re.compile(r"\bH100\b|\bH200\b|\bH800\b|GH200", re.I), "9.0"),
-    (re.compile(r"\bB200\b|\bB300\b|GB200|GB300", re.I), "10.0"),
+    (re.compile(r"\bB200\b|GB200", re.I), "10.0"),
+    (re.compile(r"\bB300\b|GB300", re.I), "10.3"),  # Blackwell Ultra: sm103
     (re.compile(r"\bThor\b", re.I), "11.0"),
     (re.compile(r"\bGB10\b", re.I), "12.1"),
     (re.compile(r"RTX PRO 6000|RTX 50\d\d", re.I), "12.0"),
