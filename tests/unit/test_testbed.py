@@ -1,6 +1,6 @@
 """Testbed reuse: a container of the same name made by another checkout is replaced (or, when it
 is not a test host at all, refused with one sentence), never silently reused."""
-from nemofleet.testbed import DIR_LABEL, OWNER_LABEL, reuse_decision
+from nemofleet_testbed import DIR_LABEL, OWNER_LABEL, reuse_decision
 
 PUB = "ssh-ed25519 AAAAC3Nz-mine nemofleet-testbed\n"
 NAME = "nf-tb-h200-1"
@@ -46,7 +46,7 @@ def test_mirror_streams_files_counts_their_bytes_and_bounds_its_uplink(tmp_path)
     import urllib.request
     from http.server import ThreadingHTTPServer
 
-    from nemofleet.testbed import hfmirror, tinymodel
+    from nemofleet_testbed import hfmirror, tinymodel
 
     sha = tinymodel.build(str(tmp_path / "repos"), "org/m")
     log = tmp_path / "requests.log"
