@@ -8,9 +8,11 @@ PREREQS := sh scripts/prereqs.sh
 
 .PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args test-real-parser-cuda real-vllm-cuda-venv vllm-args-cuda down status plan bench clean settings-doc
 
-$(VENV)/.installed: pyproject.toml
+# nemofleet and, next to it, the testbed (testbed/: its own package, nemofleet-testbed, kept out of
+# nemofleet's wheel), both editable
+$(VENV)/.installed: pyproject.toml testbed/pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,testbed]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]' -e ./testbed
 	touch $@
 
 venv: $(VENV)/.installed

@@ -18,12 +18,12 @@ PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 def use_testbed(name: str, directory: str, port_base: int) -> None:
     """This script's testbed (names, state directory, ports: none shared with the e2e tests or
     another bench unless the environment says so), pyinfra without its progress spinner, and the
-    checkout's sources on sys.path."""
+    checkout's sources on sys.path (nemofleet's and the testbed package's, testbed/src)."""
     os.environ.setdefault("NEMOFLEET_TESTBED_NAME", name)
     os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / directory))
     os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", str(port_base))
     os.environ["PYINFRA_PROGRESS"] = "off"
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "testbed" / "src")]
 
 
 def container_cpu(names: list[str]) -> dict[str, float]:
@@ -52,7 +52,7 @@ def container_cpu(names: list[str]) -> dict[str, float]:
 def gpu_tools_cpu(host: str, reps: int = 10) -> float:
     """CPU seconds of the simulated GPU tools' share of one no-op (the GPU parts of HostFacts, run
     `reps` times on `host`), measured apart so that the per-host figure leaves them out."""
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
     from nemofleet.facts.gpu import ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
 
     cmds = [f.command() if callable(f.command) else f.command for f in (NvidiaGpus(), NvidiaCudaVersion(),

@@ -81,7 +81,7 @@ def load(clients: int) -> dict:
 # ---------------------------------------------------------------------------- on the controller
 
 def start_load(host: str) -> subprocess.Popen:
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     c = testbed.container(host)
     subprocess.run(["docker", "exec", c, "rm", "-f", STOP], check=True)
@@ -91,7 +91,7 @@ def start_load(host: str) -> subprocess.Popen:
 
 
 def stop_load(host: str, p: subprocess.Popen) -> dict:
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     subprocess.run(["docker", "exec", testbed.container(host), "touch", STOP], check=True)
     out, _ = p.communicate(timeout=120)
@@ -168,7 +168,7 @@ def main() -> int:
     ap.add_argument("--bake", type=float, default=30)
     ap.add_argument("--releases", default=",".join(RELEASES))
     a = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "testbed" / "src")]  # nemofleet's and the testbed's sources
     os.environ["PYINFRA_PROGRESS"] = "off"
     results = []
     for release in a.releases.split(","):

@@ -48,9 +48,9 @@ from benchlib import PYINFRA, ROOT, gpu_tools_cpu
 
 benchlib.use_testbed("nf-fan", ".testbed-fan", 23901)
 
-from nemofleet import testbed  # noqa: E402
+import nemofleet_testbed as testbed  # noqa: E402
 from nemofleet.models import host_dir_name  # noqa: E402
-from nemofleet.testbed import tinymodel  # noqa: E402
+from nemofleet_testbed import tinymodel  # noqa: E402
 from nemofleet.facts.weights import CHECK_SCRIPT as CHECK  # noqa: E402
 INVENTORY = "inventories/testbed.py"
 MODELS = "/srv/nemofleet/models"

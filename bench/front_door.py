@@ -86,7 +86,7 @@ def summary(results, seconds: float) -> dict:
 
 def in_host(host: str, *args: str, stop_file: str | None = None, requests: int = PHASE_REQUESTS) -> subprocess.Popen:
     """Start the load generator inside the test host (against its own front door)."""
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     c = testbed.container(host)
     subprocess.run(["docker", "cp", __file__, f"{c}:/tmp/nf_front_door_load.py"], check=True)
@@ -105,7 +105,7 @@ def phase(host: str, requests: int = PHASE_REQUESTS) -> dict:
 def during_rollout(host: str, rollout_args: list[str], env: dict | None = None,
                    command: str = "rollout") -> tuple[dict, int, str, float]:
     """The during phase: load from before the rollout (or `command`: rollback) starts until it ends."""
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     c, stop = testbed.container(host), "/tmp/nf_front_door_stop"
     subprocess.run(["docker", "exec", c, "rm", "-f", stop], check=True)
@@ -129,8 +129,8 @@ def main() -> int:
     os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "22701")
     os.environ["NEMOFLEET_TESTBED_HOSTS"] = HOST
     os.environ["PYINFRA_PROGRESS"] = "off"
-    sys.path.insert(0, str(root / "src"))
-    from nemofleet import testbed
+    sys.path[:0] = [str(root / "src"), str(root / "testbed" / "src")]  # nemofleet's and the testbed's sources
+    import nemofleet_testbed as testbed
 
     testbed.up(only=[HOST])
     pyinfra = str(Path(sys.executable).with_name("pyinfra"))

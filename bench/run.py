@@ -32,7 +32,8 @@ from benchlib import PYINFRA, ROOT
 
 benchlib.use_testbed("nf-bench", ".testbed-bench", 22401)
 
-from nemofleet import settings, testbed  # noqa: E402
+import nemofleet_testbed as testbed  # noqa: E402
+from nemofleet import settings  # noqa: E402
 from nemofleet.facts.weights import check_command  # noqa: E402
 from nemofleet.operations.weights import download_script  # noqa: E402
 ANSIBLE_VENV = ROOT / "bench" / ".venv-ansible"

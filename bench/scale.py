@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/scale.py            # BENCH_SCALE_SIZES=5,20,50,100 BENCH_REPS=3
 
-On the light scale testbed (nemofleet.testbed.scale: systemd, sshd, cron and the simulated GPU
+On the light scale testbed (nemofleet_testbed.scale: systemd, sshd, cron and the simulated GPU
 tools per host, containers in one shared engine; a testbed of its own, nf-scale, ports 23701+),
 brought up and converged once by the real deploy for the largest size; then for each size N the
 no-op re-run of its first N hosts (`pyinfra -y inventories/testbed.py deploys/nemotron.py`),
@@ -31,8 +31,8 @@ from benchlib import PYINFRA, ROOT, container_cpu, gpu_tools_cpu
 
 benchlib.use_testbed("nf-scale", ".testbed-scale", 23701)
 
-from nemofleet import testbed  # noqa: E402
-from nemofleet.testbed import scale  # noqa: E402
+import nemofleet_testbed as testbed  # noqa: E402
+from nemofleet_testbed import scale  # noqa: E402
 
 
 def log(msg):
@@ -121,7 +121,7 @@ def main() -> int:
     hosts = ensure(max(sizes))
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} cores, "
            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
-           "testbed": "light scale hosts (nemofleet.testbed.scale): own systemd, sshd, cron, simulated GPU tools; "
+           "testbed": "light scale hosts (nemofleet_testbed.scale): own systemd, sshd, cron, simulated GPU tools; "
                       "containers in one shared engine", "sizes": {}}
     noop(hosts[:1])  # warm the page cache and the controller's byte-compiled files
     out["gpu_tools_cpu_per_host_s"] = round(gpu_tools_cpu(hosts[0]), 3)

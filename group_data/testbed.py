@@ -5,7 +5,7 @@ NVFP4 repo id at a pinned commit; the stand-in vLLM image comes from a local arc
 """
 import os
 
-from nemofleet.testbed import read_state, testbed_dir
+from nemofleet_testbed import read_state, testbed_dir
 
 _s = read_state()
 model = {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": _s.get("model_revision", "main")}

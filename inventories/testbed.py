@@ -8,7 +8,13 @@ NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
 """
 import os
 
-from nemofleet.testbed import container, read_state, testbed_dir
+try:
+    from nemofleet_testbed import container, read_state, testbed_dir
+except ModuleNotFoundError as _exc:  # the testbed is its own package (testbed/), not in nemofleet's wheel
+    if _exc.name != "nemofleet_testbed":
+        raise
+    raise SystemExit("the testbed inventory needs the nemofleet-testbed package, which is not installed here: "
+                     "in a nemofleet checkout run `make venv` (or `pip install -e ./testbed`)") from None
 
 _state = read_state()
 if not _state.get("hosts"):

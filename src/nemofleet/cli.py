@@ -235,7 +235,7 @@ def _flag_lines(line: str) -> list[str]:
 
 def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
     """A sentence when the weights the plan sized its memory from are the testbed's tiny stand-in
-    checkpoint (nemofleet.testbed.tinymodel marks its config.json with `nemofleet_tiny`): its few
+    checkpoint (nemofleet_testbed.tinymodel marks its config.json with `nemofleet_tiny`): its few
     GiB, not the real model's size, drive the GiB figures."""
     from .models import host_dir_name, local_dir_name
 
@@ -351,62 +351,18 @@ def cmd_models(a) -> int:
     return 0
 
 
-# what building and starting the testbed runs (scripts/prereqs.sh checks these and more, and installs them)
-TESTBED_TOOLS = ("docker", "debootstrap", "ssh", "ssh-keygen", "rsync", "dpkg-scanpackages", "gpg")
-
-
 def cmd_testbed(a) -> int:
-    import shutil
-    import subprocess
-
-    if a.action in ("up", "recreate"):
-        missing = [t for t in TESTBED_TOOLS if not shutil.which(t)]
-        if missing:
-            print(f"nemofleet: the testbed needs {', '.join(missing)}, not found on PATH: run `sh scripts/prereqs.sh` "
-                  "(as root on Debian/Ubuntu it installs them) or `make demo`", file=sys.stderr)
-            return 2
+    """The local testbed is a separate package (nemofleet-testbed, testbed/ in the repository),
+    not in the nemofleet wheel: run it where it is installed, else say what to install."""
     try:
-        return _testbed(a)
+        from nemofleet_testbed.cli import run
     except ModuleNotFoundError as exc:
-        if exc.name != "yaml":
+        if (exc.name or "").split(".")[0] != "nemofleet_testbed":
             raise
-        print("nemofleet: the testbed reads YAML profiles: install its extra (`pip install 'nemofleet[testbed]'`, "
-              "or `make venv`)", file=sys.stderr)
+        print("nemofleet: `nemofleet testbed` needs the nemofleet-testbed package, which is not installed here: "
+              "in a nemofleet checkout run `make venv` (or `pip install -e ./testbed`)", file=sys.stderr)
         return 2
-    except subprocess.CalledProcessError as exc:
-        cmd = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd[:4]))
-        print(f"nemofleet testbed {a.action}: `{cmd}` failed (exit {exc.returncode}); its output is above",
-              file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"nemofleet testbed {a.action}: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}",
-              file=sys.stderr)
-        return 1
-
-
-def _testbed(a) -> int:
-    from . import testbed
-
-    if a.action == "up":
-        testbed.up(a.profile, a.hosts or None)
-    elif a.action == "down":
-        testbed.down()
-    elif a.action == "status":
-        print(f"outer host: {testbed.describe_outer()}")  # what decides cgroup-dependent behaviour of the testbed
-        for row in testbed.status():
-            print(f"{row['host']:<12} 127.0.0.1:{row['port']:<6} {row['gpus']} GPU(s)  {row['group']:<10} {row['container']}")
-    elif a.action == "recreate":
-        for h in a.hosts:
-            testbed.recreate(h)
-    elif a.action == "gpu-fault":
-        if len(a.hosts) != 3:
-            print(f"nemofleet: usage: nemofleet testbed gpu-fault HOST GPU {'|'.join(testbed.GPU_FAULT_KINDS)}",
-                  file=sys.stderr)
-            return 2
-        rc, line = testbed.gpu_fault(*a.hosts)
-        print(line, file=sys.stderr if rc else sys.stdout)
-        return rc
-    return 0
+    return run(a)
 
 
 def _data(pairs: list[str]) -> dict:
@@ -719,12 +675,15 @@ def parser() -> argparse.ArgumentParser:
     st = add("settings", "every host-data key with its type, default and meaning", cmd_settings)
     st.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     add("models", "the model catalog: repository, precision, size, parsers", cmd_models)
-    t = add("testbed", "the local testbed of simulated GPU hosts (make demo starts it)", cmd_testbed)
+    t = add("testbed", "the local testbed of simulated GPU hosts (make demo starts it)", cmd_testbed,
+            "The local testbed of simulated GPU hosts: the nemofleet-testbed package (testbed/ in the\n"
+            "repository, installed by make venv), not part of the nemofleet wheel.")
     t.add_argument("action", choices=["up", "down", "status", "recreate", "gpu-fault"],
                    help="up: build and start; down: remove; status: list; recreate HOST...: a fresh host; "
                         "gpu-fault HOST GPU KIND: a simulated GPU fault")
     t.add_argument("hosts", nargs="*", help="host names (up: only these; recreate, gpu-fault: which)")
-    t.add_argument("--profile", default="default", help="the testbed profile (src/nemofleet/testbed/profiles)")
+    t.add_argument("--profile", default="default",
+                   help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
     for sp in sub.choices.values():  # shared options keep one wording (and every option has a help)
         for action in sp._actions:
             if action.help is None and action.dest in COMMON_HELP:

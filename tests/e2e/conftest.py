@@ -17,7 +17,7 @@ os.environ.setdefault("NEMOFLEET_TESTBED_DIR", str(ROOT / ".testbed-test"))
 os.environ.setdefault("NEMOFLEET_TESTBED_PORT_BASE", "22301")
 os.environ["PYINFRA_PROGRESS"] = "off"
 
-from nemofleet import testbed  # noqa: E402
+import nemofleet_testbed as testbed  # noqa: E402
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 # NEMOFLEET_TEST_FORCE_FAIL=<part of a test id>: that test fails right after it changed a testbed host

@@ -45,7 +45,7 @@ def test_broken_host_refused_with_its_sentence_others_proceed(converged):
 
 
 def test_chat_through_frontend_network_with_key_and_401_without(converged):
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     key = (testbed.testbed_dir() / "api-key").read_text().strip()
     # a "frontend" container on the Open-WebUI network talks to http://nemotron:8000/v1
@@ -77,7 +77,7 @@ def test_chat_through_frontend_network_with_key_and_401_without(converged):
 
 
 def test_secrets_never_in_output_processes_units_or_logs(converged):
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     secrets = [(testbed.testbed_dir() / n).read_text().strip() for n in ("api-key", "hf-token")]
     outputs = converged["first"].out + converged["second"].out

@@ -13,7 +13,7 @@ class _ModelDir:
     """The weights directory of the testbed's pinned commit (one directory per repo and commit)."""
 
     def __str__(self):
-        from nemofleet import testbed
+        import nemofleet_testbed as testbed
         return f"{REPO_DIR}@{testbed.read_state()['model_revision'][:12]}"
 
     __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
@@ -31,7 +31,7 @@ def test_first_converge_fetched_each_file_from_the_mirror_once(converged):
     """The testbed's hosts serve one model: the converge fetched it from the mirror once and the
     other hosts copied it from a host of the run (the weights fan-out, docs/fanout.md), each copy
     verified on arrival (its completion marker). On a kept testbed nothing is fetched at all."""
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     paths = [line.split()[1] for line in file_requests(converged["first_requests"])]
     assert len(paths) == len(set(paths)), paths  # no file twice
@@ -63,7 +63,7 @@ def test_truncated_shard_is_fetched_again_alone(converged, changes):
 
 
 def test_mirror_down_one_sentence_weights_left_intact(converged, changes):
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     on("h200-1", f"truncate -s 1000 {MODEL_DIR}/{SHARD}")
     changes.made("h200-1", "a weights shard truncated")

@@ -117,7 +117,7 @@ def test_second_concurrent_rollout_refused_with_holder(converged):
 
 
 def test_unreachable_host_counts_against_budget_and_is_reported(converged, changes):
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     subprocess.run(["docker", "stop", "-t", "2", testbed.container("h200-1")], check=True, capture_output=True)
     try:
@@ -146,7 +146,7 @@ def test_rollback_returns_to_previous_release(converged, changes):
 
 
 def test_disaster_recovery_rebuild_of_a_destroyed_host(converged, changes):
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     t0 = time.time()
     testbed.recreate("h200-1")  # container and volumes destroyed, a bare reinstall with a new host key

@@ -74,7 +74,7 @@ def test_secrets_appear_in_no_output_unit_or_process_list(converged, bed):
 
 def _publish_commit(sha: str, ref: str) -> str:
     """A second commit of the testbed's model on the mirror: the first one with config.json changed."""
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
     state = testbed.read_state()
     repo = testbed.testbed_dir() / "hf" / "repos" / "nvidia" / "NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
     src, dst = repo / state["model_revision"], repo / sha
@@ -94,7 +94,7 @@ def _unpublish_commit(sha: str, ref: str) -> None:
     """The mirror as it was: the second commit and its ref gone."""
     import shutil
 
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
     repo = testbed.testbed_dir() / "hf" / "repos" / "nvidia" / "NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
     refs = json.loads((repo / "refs.json").read_text())
     refs.pop(ref, None)

@@ -26,7 +26,7 @@ TIMES: dict = {}
 
 
 def backends() -> list[dict]:
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     return [{"host": testbed.container(h), "port": 8000, "name": h} for h in GPU_HOSTS]
 
@@ -37,7 +37,7 @@ def gateway_run(data=None):
 
 @pytest.fixture(scope="module")
 def fleet():
-    from nemofleet import testbed
+    import nemofleet_testbed as testbed
 
     if not docker_available():
         pytest.fail("the end-to-end tests need a running Docker engine and debootstrap (run .ci/run as root)")

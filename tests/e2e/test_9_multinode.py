@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, docker_available, on, pyinfra
-from nemofleet import testbed
+import nemofleet_testbed as testbed
 
 pytestmark = pytest.mark.e2e
 HEAD, WORKER = "mn-1", "mn-2"

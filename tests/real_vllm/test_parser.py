@@ -13,7 +13,7 @@ import pytest
 from nemofleet.models import CATALOG
 from nemofleet.multinode import make_group_plan
 from nemofleet.plan import Gpu, PlanError, make_plan
-from nemofleet.testbed import load_profiles
+from nemofleet_testbed import load_profiles
 
 VLLM_PYTHON = os.environ.get("NEMOFLEET_VLLM_PYTHON")
 VERSION = os.environ.get("NEMOFLEET_VLLM_VERSION", "0.32.0")

@@ -36,8 +36,8 @@ def timed(stage):
 
 @pytest.fixture(scope="module")
 def real():
-    from nemofleet import testbed
-    from nemofleet.testbed import images, realvllm
+    import nemofleet_testbed as testbed
+    from nemofleet_testbed import images, realvllm
 
     if not helpers.docker_available():
         pytest.fail("needs a running Docker engine and debootstrap (run .ci/run as root)")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def standin(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm_flags", vllm_flags)
-    monkeypatch.syspath_prepend(str(ROOT / "src" / "nemofleet" / "testbed" / "standin"))
+    monkeypatch.syspath_prepend(str(ROOT / "testbed" / "src" / "nemofleet_testbed" / "standin"))
     sys.modules.pop("vllm_standin", None)
     import vllm_standin
 

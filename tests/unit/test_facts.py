@@ -298,7 +298,7 @@ def test_a_hung_nvidia_smi_is_stopped_by_timeout(tmp_path, monkeypatch):
 def _sim(tmp_path, fault=None, timeout=10):
     import subprocess
 
-    sim = Path(__file__).resolve().parents[2] / "src" / "nemofleet" / "testbed" / "sim"
+    sim = Path(__file__).resolve().parents[2] / "testbed" / "src" / "nemofleet_testbed" / "sim"
     (tmp_path / "profile.json").write_text(json.dumps({
         "driver": "580.159.04", "cuda": "13.0", "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771,
                                                         "cc": "9.0", "bus_id": "00000000:00:06.0", "uuid": "GPU-1"}]}))

@@ -2,7 +2,7 @@
 import pytest
 
 from nemofleet import desired, paths
-from nemofleet.testbed import load_profiles
+from nemofleet_testbed import load_profiles
 
 KEY = {"vllm_api_key": "sk-nf-" + "a" * 32}
 BACKENDS = [{"host": "10.0.0.5", "port": 8800}, {"host": "h200-01.example.internal", "port": 8000, "name": "h200-01"},

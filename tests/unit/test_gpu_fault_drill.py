@@ -14,7 +14,7 @@ from nemofleet import gpuhealth
 from nemofleet.facts.gpuhealth import GpuHealth
 from nemofleet.plan import Gpu
 
-SIMDIR = Path(__file__).resolve().parents[2] / "src" / "nemofleet" / "testbed" / "sim"
+SIMDIR = Path(__file__).resolve().parents[2] / "testbed" / "src" / "nemofleet_testbed" / "sim"
 H100 = ("NVIDIA H100 80GB HBM3", 81559, "9.0")
 PROFILE = [{"index": i, "uuid": f"GPU-{i:08d}-bbbb-4000-8000-000000000000", "name": H100[0], "memory_mib": H100[1],
             "cc": H100[2], "bus_id": f"00000000:{0x18 + i:02X}:00.0"} for i in range(4)]
@@ -87,7 +87,8 @@ def test_drill_refuses_unknown_gpus_and_kinds_in_one_sentence(host):
     drill, _ = host
     assert drill(9, "xid79") == (2, "this test host has no GPU 9 (GPUs 0, 1, 2, 3)\n")
     assert drill(0, "melt")[0] == 2
-    from nemofleet import cli, testbed
+    import nemofleet_testbed as testbed
+    from nemofleet import cli
 
     assert testbed.gpu_fault("h", "0", "melt") == (2, "unknown GPU fault 'melt'; one of " + ", ".join(testbed.GPU_FAULT_KINDS))
     assert cli.main(["testbed", "gpu-fault", "h100-1"]) == 2

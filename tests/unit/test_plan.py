@@ -10,7 +10,7 @@ from nemofleet import memory, recipes, settings, vllm_flags
 from nemofleet.models import CATALOG
 from nemofleet.plan import GIB, Gpu, PlanError, make_plan
 from nemofleet.plantext import gpu_ranges, table
-from nemofleet.testbed import load_profiles
+from nemofleet_testbed import load_profiles
 
 GOLDEN = Path(__file__).with_name("golden_plans.json")
 PROFILES = {h: [Gpu(**{k: g[k] for k in ("index", "uuid", "name", "memory_mib", "cc")}) for g in p["gpus"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nemofleet import remote
-from nemofleet.testbed import tinymodel
+from nemofleet_testbed import tinymodel
 
 REMOTE = Path(remote.__file__).parent
 SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]

@@ -8,7 +8,7 @@ from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 
-SIM = Path(__file__).resolve().parents[2] / "src" / "nemofleet" / "testbed" / "sim"
+SIM = Path(__file__).resolve().parents[2] / "testbed" / "src" / "nemofleet_testbed" / "sim"
 
 
 def load(name):
@@ -65,7 +65,7 @@ def test_generator_revokes_recorded_running_grants_and_logs_each_event(tmp_path)
 
 
 def test_outer_host_line():
-    from nemofleet.testbed import describe_outer, parse_outer
+    from nemofleet_testbed import describe_outer, parse_outer
 
     assert describe_outer(parse_outer("20.10.24+dfsg1|cgroupfs|1\n")) == "cgroup v1, Docker 20.10.24+dfsg1 (cgroupfs driver)"
     assert parse_outer("26.1.5|systemd|2") == {"cgroup": "v2", "engine": "26.1.5", "driver": "systemd"}

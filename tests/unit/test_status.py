@@ -189,7 +189,7 @@ def test_textfile_lines_feed_status(health):
 @pytest.fixture
 def standin(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm_flags", vllm_flags)
-    monkeypatch.syspath_prepend(str(ROOT / "src" / "nemofleet" / "testbed" / "standin"))
+    monkeypatch.syspath_prepend(str(ROOT / "testbed" / "src" / "nemofleet_testbed" / "standin"))
     sys.modules.pop("vllm_standin", None)
     import vllm_standin
 

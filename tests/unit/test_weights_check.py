@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from nemofleet.facts.weights import CHECK_SCRIPT
-from nemofleet.testbed import tinymodel
+from nemofleet_testbed import tinymodel
 
 
 def check(d, rev, mode="check"):

@@ -7,6 +7,9 @@ generated model to the hosts over the testbed's own Docker network.
 
 State (ports, generated SSH key, mirror URL, model revision) is kept in .testbed/, which
 inventories/testbed.py reads. Nothing in .testbed/ is ever committed.
+
+This package (nemofleet-testbed, testbed/ in the nemofleet repository) is a test rig, not part of
+the nemofleet wheel: `make venv` installs it next to nemofleet, and `nemofleet testbed` runs it.
 """
 from __future__ import annotations
 
@@ -18,9 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import yaml
+from nemofleet import settings
 
-from .. import settings
 from . import aptrepo, images, tinymodel
 
 PREFIX = os.environ.get("NEMOFLEET_TESTBED_NAME", "nf-tb") + "-"
@@ -74,6 +76,8 @@ def docker(*args, check=True, capture=True, **kw) -> subprocess.CompletedProcess
 
 
 def load_profiles(name: str = "default") -> dict:
+    import yaml  # the profiles are YAML (pyyaml, this package's dependency); read only here
+
     path = Path(name) if name.endswith(".yaml") else Path(__file__).parent / "profiles" / f"{name}.yaml"
     hosts = yaml.safe_load(path.read_text())["hosts"]
     out = {}

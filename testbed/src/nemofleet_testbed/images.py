@@ -13,6 +13,7 @@ when their recipe changes.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -25,7 +26,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent
+# the stand-in imports nemofleet's flag table (vllm_flags.py, standard library only) from its own
+# directory in the image: the module file of the installed nemofleet, found without importing it
+VLLM_FLAGS = Path(importlib.util.find_spec("nemofleet.vllm_flags").origin)
 SUITE = "bookworm"
 HOST_PACKAGES = ["systemd", "systemd-sysv", "dbus", "openssh-server", "cron", "python3", "curl",
                  "ca-certificates", "docker.io", "iproute2", "rsync", "procps", "iptables", "kmod", "sudo",
@@ -190,7 +193,7 @@ HF_WRAPPER = '#!/bin/sh\nPYTHONPATH=/opt/hf exec python3 -m huggingface_hub.cli.
 
 def standin_image() -> str:
     standin = HERE / "standin"
-    flags = SRC / "vllm_flags.py"
+    flags = VLLM_FLAGS
     tag = f"nemofleet/vllm-standin:{_hash(SUITE, STANDIN_PACKAGES, HF_HUB, standin, flags, Path(__file__))}"
     if image_exists(tag):
         return tag

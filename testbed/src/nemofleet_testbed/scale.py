@@ -1,11 +1,11 @@
 """A light scale testbed: up to 100+ test hosts on a small machine, for the controller-scale benchmark only.
 
-    NEMOFLEET_TESTBED_NAME=nf-scale NEMOFLEET_TESTBED_DIR=.testbed-scale python -m nemofleet.testbed.scale up 100
-    ... python -m nemofleet.testbed.scale converge     # first converge of every light host
+    NEMOFLEET_TESTBED_NAME=nf-scale NEMOFLEET_TESTBED_DIR=.testbed-scale python -m nemofleet_testbed.scale up 100
+    ... python -m nemofleet_testbed.scale converge     # first converge of every light host
     ... pyinfra -y inventories/testbed.py deploys/nemotron.py      # the real deploy, a no-op now
-    ... python -m nemofleet.testbed.scale down
+    ... python -m nemofleet_testbed.scale down
 
-A full test host (nemofleet.testbed) runs its own dockerd and containerd (about 130 MB and 1% of a
+A full test host (nemofleet_testbed) runs its own dockerd and containerd (about 130 MB and 1% of a
 core each, idle); 100 of them do not fit 2 cores. A light host is the same host image (Debian
 bookworm, systemd as PID 1, sshd, cron, journald, the simulated nvidia-smi / nvidia-ctk / toolkit
 hook of the 1x H200 bench profile) with one difference: **no Docker engine of its own**. Its
@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import testbed as tb
+import nemofleet_testbed as tb
 
 ENGINE = f"{tb.PREFIX}engine"
 SOCK_DIR = "/var/lib/nemofleet-engine"  # holds the engine's socket, in the engine and every light host
@@ -65,7 +65,7 @@ PROFILE = {
               "uuid": "GPU-ea950d4d-c55e-4fad-740e-b8bae40ede3a", "mig": "Disabled", "persistence": "Enabled",
               "power_limit": 700, "index": 0}]}
 LIGHT_DOCKER_UNIT = """[Unit]
-Description=Docker of a light scale test host: the shared scale engine's socket (nemofleet.testbed.scale)
+Description=Docker of a light scale test host: the shared scale engine's socket (nemofleet_testbed.scale)
 
 [Service]
 Type=oneshot
@@ -220,7 +220,7 @@ def up(n: int) -> dict:
 
 
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[3]  # the repository (testbed/src/nemofleet_testbed/scale.py)
 
 
 def _pyinfra(hosts: list[str], deploy: str = "deploys/nemotron.py", extra: tuple = ()) -> subprocess.CompletedProcess:
