@@ -21,7 +21,8 @@ from . import settings as settings_mod
 from . import hostcmd as fleet_commands
 from . import planning
 from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
-from .plan import Plan, effective_cgroup_driver
+from .gpuaccess import effective_cgroup_driver
+from .planmodel import Plan
 from .secret import SshPublicKey, reveal
 
 FileMap = dict  # {path: (content, mode)}

@@ -25,7 +25,7 @@ class Emitted:
     # with these words; empty: a recipe flag an operator may override with vllm_extra_args
     owner: str = ""
     # a setting whose value, when it is set (not None/False), is the flag's value (True: a switch);
-    # the plan emits these rows itself (plan._flags), after the flags it derives
+    # the plan emits these rows itself (layout.planned_flags), after the flags it derives
     setting: str = ""
     # False: never emitted, only owned (an extra arg of it is refused; its position is unused)
     emitted: bool = True

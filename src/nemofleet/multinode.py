@@ -24,8 +24,9 @@ import re
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import vllm_flags
-from .plan import (GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, _Ctx, _flags, _layout, _memory, _NoFit,
-                   _validate, _viable, finish, gpus_from_facts, start)
+from .layout import Ctx, NoFit, fit_layout, memory_for, planned_flags, validate, viable
+from .plan import finish, start
+from .planmodel import GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, gpus_from_facts
 
 # Interfaces that never carry group traffic: loopback and container/overlay plumbing.
 _PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|vxlan.*|"
@@ -110,7 +111,7 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
                   docker_version, cdi_available, cgroup_version, cgroup_driver)
 
 
-def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[list[Instance], str, list[str], dict]:
+def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[list[Instance], str, list[str], dict]:
     """(instances, choice, warnings, env) of `host` as a member of its serving group, or PlanError.
     `peers`: {member: HostFacts} for every member (this host included)."""
     s = ctx.s
@@ -191,8 +192,8 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     head_addr = addrs[head][1]
     if mode == "dp":
         try:
-            lay = _layout(ctx, gpus)
-        except _NoFit as nofit:
+            lay = fit_layout(ctx, gpus)
+        except NoFit as nofit:
             raise PlanError(f"{m.key} does not fit one replica per host of serving_group {name} ({_shape(gpus)}: "
                             f"{nofit.mem.summary()} at TP{nofit.tp}); serving_group_parallel: pp spreads one "
                             "replica over the hosts") from None
@@ -219,8 +220,8 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
             raise PlanError(f"serving_group {name} ({where}) runs one instance of {shape} across its hosts "
                             f"(serving_group_parallel {mode}), so instances {s.instances} cannot apply: remove it, "
                             "or set serving_group_parallel: dp for several replicas")
-        mem = _memory(ctx, _flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
-        if not _viable(ctx, mem, tp * pp, gpu_bytes):
+        mem = memory_for(ctx, planned_flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
+        if not viable(ctx, mem, tp * pp, gpu_bytes):
             raise _group_refusal(ctx, name, where, gpus, tp, pp, mem, seqs, batched)
         port = s.serving_group_master_port
         more = ([("--pipeline-parallel-size", pp)] if pp > 1 else []) + [
@@ -240,8 +241,8 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
     if reach:
         choice += f" (reachable from here: {reach['state']})"
-    flags = _flags(ctx, arch, tp, seqs, batched, more)
-    _validate(ctx, flags)
+    flags = planned_flags(ctx, arch, tp, seqs, batched, more)
+    validate(ctx, flags)
     inst = Instance(name=f"{s.instance_prefix}{name}", gpus=gpus, host_port=s.port_base, tp=tp,
                     ep=tp > 1 and m.moe, args=[ctx.model_path] + vllm_flags.render(flags), memory=mem,
                     max_model_len=ctx.mml, max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]),
@@ -266,15 +267,15 @@ def layout(host: str, ctx: _Ctx, own: list[Gpu], peers: dict | None) -> tuple[li
     return [inst], choice, warnings, env
 
 
-def _fits_one_host(ctx: _Ctx, gpus: list[Gpu]) -> str | None:
+def _fits_one_host(ctx: Ctx, gpus: list[Gpu]) -> str | None:
     try:
-        lay = _layout(ctx, gpus)
-    except (_NoFit, PlanError):
+        lay = fit_layout(ctx, gpus)
+    except (NoFit, PlanError):
         return None
     return f"{lay.count} x TP{lay.tp} on {_shape(gpus)}, {lay.mem.summary()}"
 
 
-def _group_refusal(ctx: _Ctx, name: str, where: str, gpus: list[Gpu], tp: int, pp: int, mem, seqs, batched) -> PlanError:
+def _group_refusal(ctx: Ctx, name: str, where: str, gpus: list[Gpu], tp: int, pp: int, mem, seqs, batched) -> PlanError:
     """Need vs available per GPU, and the smallest group of these hosts that would hold it."""
     m, s = ctx.model, ctx.s
     gpu_bytes = gpus[0].memory_mib * MIB
@@ -283,8 +284,8 @@ def _group_refusal(ctx: _Ctx, name: str, where: str, gpus: list[Gpu], tp: int, p
     arch = gpu_table.arch_of(gpus[0])
     for n in range(2, MAX_NODES + 1):
         t, p = (per_node, n) if s.serving_group_parallel == "pp" else (per_node * n, 1)
-        alt = _memory(ctx, _flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched, pp=p)
-        if _viable(ctx, alt, t * p, gpu_bytes):
+        alt = memory_for(ctx, planned_flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched, pp=p)
+        if viable(ctx, alt, t * p, gpu_bytes):
             bigger = f"{n} hosts of {_shape(gpus)} ({alt.summary()})"
             break
     floor = f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else ""

@@ -61,7 +61,8 @@ def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
 PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemofleet.inputs", "nemofleet.desired",
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
         "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
-        "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable")
+        "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",
+        "nemofleet.planmodel", "nemofleet.layout", "nemofleet.planprose", "nemofleet.gpuaccess")
 
 
 def test_the_decision_modules_import_no_pyinfra_operations_facts_or_fleet():
