@@ -21,7 +21,7 @@ prereqs:
 	@$(PREREQS)
 
 testbed: prereqs venv
-	$(BIN)/nemofleet testbed up
+	$(BIN)/nemofleet testbed up --demo
 
 demo: testbed
 	$(BIN)/pyinfra -y inventories/testbed.py deploys/nemotron.py

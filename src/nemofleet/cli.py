@@ -682,6 +682,8 @@ def parser() -> argparse.ArgumentParser:
                    help="up: build and start; down: remove; status: list; recreate HOST...: a fresh host; "
                         "gpu-fault HOST GPU KIND: a simulated GPU fault")
     t.add_argument("hosts", nargs="*", help="host names (up: only these; recreate, gpu-fault: which)")
+    t.add_argument("--demo", action="store_true",
+                   help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
     for sp in sub.choices.values():  # shared options keep one wording (and every option has a help)

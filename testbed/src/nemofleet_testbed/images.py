@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import sys
 import tarfile
 import tempfile
@@ -41,8 +42,24 @@ def log(msg: str) -> None:
     print(f"[testbed] {msg}", file=sys.stderr, flush=True)
 
 
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, **kw)
+def run(cmd, what: str | None = None, every: float = 15.0, **kw):
+    """subprocess.run(cmd, check=True). With `what`, a build step that takes minutes: a progress
+    line with its elapsed time every `every` seconds while it runs, and one when it ends, so a
+    first `make demo` is never silent for minutes."""
+    if what is None:
+        return subprocess.run(cmd, check=True, **kw)
+    t0 = time.monotonic()
+    with subprocess.Popen(cmd, **kw) as proc:
+        while True:
+            try:
+                proc.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                log(f"  {what}: {time.monotonic() - t0:.0f} s so far")
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    log(f"  {what}: done in {time.monotonic() - t0:.0f} s")
+    return subprocess.CompletedProcess(cmd, proc.returncode)
 
 
 def debian_mirror() -> str:
@@ -79,7 +96,7 @@ def debootstrap(dest: Path, packages: list[str], suite: str = SUITE) -> None:
     mirror = os.environ.get("NEMOFLEET_DEBIAN_MIRROR") or debian_mirror()
     log(f"debootstrap {suite} ({len(packages)} packages) into {dest}")
     run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite, str(dest), mirror],
-        stdout=subprocess.DEVNULL)
+        what=f"debootstrap {suite}", stdout=subprocess.DEVNULL)
 
 
 def prune(root: Path) -> None:
@@ -99,7 +116,7 @@ def docker_import(root: Path, tag: str, changes: list[str]) -> None:
     for c in changes:
         cmd += ["--change", c]
     tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
-    run(cmd + ["-", tag], stdin=tar.stdout, stdout=subprocess.DEVNULL)
+    run(cmd + ["-", tag], what=f"docker import {tag}", stdin=tar.stdout, stdout=subprocess.DEVNULL)
     if tar.wait():
         raise RuntimeError("tar of the rootfs failed")
 
@@ -202,7 +219,7 @@ def standin_image() -> str:
         debootstrap(root, STANDIN_PACKAGES)
         log(f"pip install {HF_HUB} into the image (the real hf CLI)")
         run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check",
-             "--target", str(root / "opt/hf"), HF_HUB], stdout=subprocess.DEVNULL)
+             "--target", str(root / "opt/hf"), HF_HUB], what=f"pip install {HF_HUB}", stdout=subprocess.DEVNULL)
         shutil.rmtree(root / "opt/hf/bin", ignore_errors=True)
         (root / "opt/standin").mkdir(parents=True)
         shutil.copy(standin / "vllm_standin.py", root / "opt/standin/vllm_standin.py")
