@@ -118,6 +118,21 @@ def test_an_expiry_that_is_not_a_time_reads_as_none(sandbox, expires):
     assert out["state"] == "ACQUIRED" and out["expired_holder"] == "alice"
 
 
+def test_racing_takeovers_of_an_expired_lock_leave_one_holder_and_name_the_old_one_once(sandbox):
+    """Six controllers take over the same expired lock at once: one holds it, the old holder is
+    reported once, the others are told who holds it now, no temporary directory is left."""
+    sandbox(commands.lock_acquire("crashed@ctl", "t0", -10, ""))
+    procs = [subprocess.Popen(["bash", "-c", commands.lock_acquire(f"c{i}@ctl", f"t{i + 1}", 7200, "")],
+                              stdout=subprocess.PIPE, text=True, cwd=sandbox.tmp) for i in range(6)]
+    outs = [lockinfo.parse(p.communicate(timeout=30)[0].splitlines()) for p in procs]
+    winners = [i for i, o in enumerate(outs) if o["state"] == "ACQUIRED"]
+    assert len(winners) == 1 and sum("expired_holder" in o for o in outs) == 1
+    assert [o.get("expired_holder") for o in outs if "expired_holder" in o] == ["crashed@ctl"]
+    holder = sandbox(commands.lock_status())["holder"]
+    assert holder == f"c{winners[0]}@ctl" and all(o["holder"] == holder for o in outs if o["state"] == "HELD")
+    assert [p.name for p in sandbox.state.iterdir()] == ["lock"]
+
+
 def test_the_controllers_parser_is_bounded():
     """A host that answers anything (a compromised one): lockinfo.parse keeps what is not a time as
     text, and the sentences built from it never raise."""
