@@ -4,23 +4,27 @@ commands and the deploy's DeployLock fact."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from .hostcmd import token_digest
 
 NO_EXPIRY = float("inf")
+# a time the lock program prints is at most 12 ASCII digits (remote/lock.py reads a longer expires=
+# as none); anything else stays text, so a hostile answer never reaches int() or gmtime() unbounded
+_TIME = re.compile(r"[0-9]{1,12}")
 
 
 def parse(lines) -> dict:
     """`key=value` lines -> {key: value}; other lines are ignored. `expires` and `now` become ints
-    when they are numbers."""
+    when they are numbers of at most 12 digits."""
     out: dict = {}
     for line in lines:
         key, sep, value = line.strip().partition("=")
         if sep and key.replace("_", "").isalnum():
             out[key] = value
     for key in ("expires", "now", "expired_expires"):
-        if str(out.get(key, "")).isdigit():
+        if _TIME.fullmatch(str(out.get(key, ""))):
             out[key] = int(out[key])
     return out
 
@@ -29,7 +33,7 @@ def holder_info(out: dict, prefix: str = "") -> dict | None:
     """The holder's fields of a parsed answer (those under `prefix`), or None when there are none."""
     keys = ("holder", "token_sha256", "since", "expires", "message")
     info = {k: out[prefix + k] for k in keys if prefix + k in out}
-    if prefix and "expires" in info and str(info["expires"]).isdigit():
+    if prefix and "expires" in info and _TIME.fullmatch(str(info["expires"])):
         info["expires"] = int(info["expires"])
     return info or None
 

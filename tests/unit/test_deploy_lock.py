@@ -4,6 +4,7 @@ temporary state directory); a manual lock's token is a random secret, a forged o
 --lock-ttl has a maximum; `lock release` says when a host is unreachable."""
 import os
 import re
+import shlex
 import subprocess
 import time
 
@@ -254,7 +255,7 @@ def test_long_run_refreshes_its_lock_and_stops_when_it_was_lost(run):
     assert execute(state, host, "a")[0]
     runlock._TAKEN["h"] -= runlock.DEFAULT_TTL  # long ago: the next change refreshes first
     assert execute(state, host, "b") == (True, ["echo b"])
-    assert len(host.scripts) == 2 and "s/^expires=.*/expires=" in host.scripts[-1]  # the refresh script
+    assert len(host.scripts) == 2 and shlex.split(host.scripts[-1])[5:7] == [str(run.lock), "refresh"]  # the refresh
     runlock._TAKEN["h"] -= runlock.DEFAULT_TTL
     subprocess.run(["rm", "-rf", str(run.lock)], check=True)  # broken with --force meanwhile
     assert execute(state, host, "c") == (False, [])
@@ -419,7 +420,7 @@ def pyinfra_run(tmp_path, monkeypatch, ops):
     from pyinfra.api.operations import run_ops
     from pyinfra.operations import server
 
-    monkeypatch.setattr(commands, "_LOCK_VARS", f"s={tmp_path}; d={tmp_path}/lock; now=$(date +%s)")
+    monkeypatch.setattr(paths, "LOCK", str(tmp_path / "lock"))  # an argument of the lock program
     monkeypatch.delenv(driver.LOCK_TOKEN_ENV, raising=False)
     monkeypatch.setattr(runlock, "_TAKEN", {})
     lock_commands = []

@@ -227,7 +227,8 @@ def test_a_combined_command_reads_the_engine_once(dockerd, tmp_path):
     from nemofleet.facts.prefetch import Batch, ENGINE
 
     cmd = HostFacts().command(models_root="/srv/m", image=IMAGE)
-    assert cmd.count("import _socket") == 1 and cmd.count("python3 -I -S -c") == 2  # the read, ModelsOnDisk
+    # the read, ModelsOnDisk, and the deploy lock's program (run only while a lock is there: hostcmd.lock_status)
+    assert cmd.count("import _socket") == 1 and cmd.count("python3 -I -S -c") == 3
     parts = (("nemofleet.facts.docker.Networks", json.dumps({"names": ["dify_default", "x"]})),
              ("nemofleet.facts.host.CgroupVersion", "{}"),
              ("nemofleet.facts.docker.ContainerNetworks", json.dumps({"names": ["nemotron-0"]})))

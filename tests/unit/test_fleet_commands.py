@@ -1,13 +1,15 @@
-"""The fleet's remote commands: exact strings (golden), and the lock, audit and rollback scripts
-run with bash against a temporary state directory to prove they work."""
+"""The fleet's remote commands: exact argument lists (golden), and the lock, audit, rollback and
+GPU-return programs run as a host runs them (the command line under bash) against a temporary
+state directory, to prove they work."""
 import os
+import shlex
 import stat
 import subprocess
 import time
 
 import pytest
 
-from nemofleet import paths
+from nemofleet import paths, remote, shell
 from nemofleet import hostcmd as commands
 from nemofleet import lockinfo
 from nemofleet.hostcmd import token_digest
@@ -15,17 +17,26 @@ from nemofleet.hostcmd import token_digest
 T1 = token_digest("t1")
 
 
-# ---------------------------------------------------------------------------- golden strings
+# ---------------------------------------------------------------------------- golden argument lists
+
+def words(cmd: str, program: str) -> list[str]:
+    """The arguments a command gives its remote program (each command is one argument list:
+    `python3 -I -S -c <the program's file> ARGS`, joined by shell.join)."""
+    w = shlex.split(cmd)
+    assert w[:4] == ["python3", "-I", "-S", "-c"] and w[4] == remote.source(program), cmd[:80]
+    assert cmd == shell.join(w)  # every word quoted by the one boundary, nothing else in the line
+    return w[5:]
+
 
 def test_audit_line_golden():
-    assert commands.audit_command("alice@ctl", "rollout", "a -> b: ok") == (
-        "mkdir -p /var/lib/nemofleet && printf '%s %s\\n' \"$(date -u +%FT%TZ)\" "
-        "'alice@ctl rollout a -> b: ok' >> /var/lib/nemofleet/audit.log")
+    assert words(commands.audit_command("alice@ctl", "rollout", "a -> b: ok"), "release") == [
+        "audit", "/var/lib/nemofleet/audit.log", "alice@ctl", "rollout", "a -> b: ok"]
 
 
 def test_audit_detail_cannot_forge_a_line_or_run_a_command():
     cmd = commands.audit_command("bob", "rollout", "x\n2026-01-01T00:00:00Z root release $(reboot) 'q'")
-    assert "\n" not in cmd and "'\"'\"'q'\"'\"'" in cmd  # one line, single-quoted through
+    assert words(cmd, "release")[-1] == "x 2026-01-01T00:00:00Z root release $(reboot) 'q'"  # one line, one word
+    assert "'\"'\"'q'\"'\"'" in cmd  # single-quoted through
 
 
 def test_gate_golden():
@@ -34,78 +45,90 @@ def test_gate_golden():
 
 
 def test_release_read_golden():
-    assert commands.release_read() == (
-        "cat /var/lib/nemofleet/release 2>/dev/null; printf 'units_sha256=%s\\n' "
-        "\"$(cat /etc/systemd/system/nemofleet-vllm-*.service 2>/dev/null | sha256sum | cut -c1-16)\"")
+    assert words(commands.release_read(), "release") == [
+        "read", "/var/lib/nemofleet/release", "/etc/systemd/system", "nemofleet-vllm-"]
 
 
 def test_keep_previous_golden():
-    assert commands.keep_previous() == (
-        "set -e; d=/var/lib/nemofleet/previous; rm -rf $d.new; mkdir -p $d.new; "
-        "cp /etc/systemd/system/nemofleet-vllm-*.service $d.new/ 2>/dev/null || true; "
-        "cp /var/lib/nemofleet/release $d.new/release; rm -rf $d; mv $d.new $d")
+    assert words(commands.keep_previous(), "release") == [
+        "keep", "/var/lib/nemofleet/release", "/etc/systemd/system", "nemofleet-vllm-", "/var/lib/nemofleet/previous"]
 
 
 def test_lock_status_golden():
-    assert commands.lock_status() == (
-        "s=/var/lib/nemofleet; d=/var/lib/nemofleet/lock; now=$(date +%s)\n"
-        "if [ -d \"$d\" ]; then echo state=HELD; if [ -r \"$d/info\" ]; then cat \"$d/info\"; "
-        "else echo holder=unknown; fi; else echo state=FREE; fi\n"
-        "echo now=$now\n")
+    """The program runs only when something is at the lock's path (the facts of every deploy read
+    it: no python start on a host without a lock)."""
+    cmd = commands.lock_status()
+    head = "if [ -e /var/lib/nemofleet/lock ] || [ -L /var/lib/nemofleet/lock ]; then "
+    tail = "; else echo state=FREE; echo now=$(date +%s); fi"
+    assert cmd.startswith(head) and cmd.endswith(tail)
+    assert words(cmd[len(head):-len(tail)], "lock") == ["/var/lib/nemofleet/lock", "status"]
 
 
 def test_lock_release_golden():
-    assert commands.lock_release("t1") == (
-        "s=/var/lib/nemofleet; d=/var/lib/nemofleet/lock; now=$(date +%s)\n"
-        "if [ ! -d \"$d\" ]; then echo state=FREE; exit 0; fi\n"
-        f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {T1} ]; then\n"
-        "  t=\"$d.released.$$\"; mv \"$d\" \"$t\" && rm -rf \"$t\" && echo state=RELEASED\n"
-        "else echo state=NOT_HOLDER; if [ -r \"$d/info\" ]; then cat \"$d/info\"; else echo holder=unknown; fi; fi\n")
+    assert words(commands.lock_release("t1"), "lock") == ["/var/lib/nemofleet/lock", "release", T1]
+    assert words(commands.lock_release(None, force=True), "lock") == ["/var/lib/nemofleet/lock", "release", "-", "force"]
 
 
 def test_lock_acquire_golden():
-    assert commands.lock_acquire("alice@ctl", "t1", 7200, "drain") == (
-        "s=/var/lib/nemofleet; d=/var/lib/nemofleet/lock; now=$(date +%s); mkdir -p \"$s\"\n"
-        f"if [ \"$(sed -n 's/^token_sha256=//p' \"$d/info\" 2>/dev/null)\" = {T1} ]; then echo state=OWNED; "
-        "echo now=$now; exit 0; fi\n"
-        "find \"$s\" -maxdepth 1 -name 'lock.*.*' -mmin +60 -exec rm -rf {} + 2>/dev/null\n"
-        "expiry() { e=$(sed -n 's/^expires=//p' \"$1/info\" 2>/dev/null); case $e in ''|*[!0-9]*) "
-        "e=$(( $(stat -c %Y \"$1\" 2>/dev/null || echo 0) + 7200 ));; esac; echo \"$e\"; }\n"
-        "if [ -d \"$d\" ] && exp=$(expiry \"$d\") && [ \"$exp\" -le \"$now\" ]; then\n"
-        "  t=\"$d.expired.$$\"\n"
-        "  if mv -T \"$d\" \"$t\" 2>/dev/null; then\n"
-        "    if [ \"$(expiry \"$t\")\" = \"$exp\" ]; then\n"
-        "      if [ -r \"$t/info\" ]; then sed 's/^/expired_/' \"$t/info\"; else echo expired_holder=unknown; fi\n"
-        "      rm -rf \"$t\"\n"
-        "    else mv -T \"$t\" \"$d\" 2>/dev/null || true; fi\n"
-        "  fi\n"
-        "fi\n"
-        "n=\"$d.new.$$\"; rm -rf \"$n\"\n"
-        "if mkdir \"$n\" && printf 'holder=%s\\ntoken_sha256=%s\\nsince=%s\\nexpires=%s\\nmessage=%s\\n' alice@ctl "
-        f"{T1} \"$(date -u +%FT%TZ)\" \"$((now + 7200))\" drain > \"$n/info\" && [ ! -e \"$d\" ] && mv -T \"$n\" \"$d\" 2>/dev/null; "
-        "then echo state=ACQUIRED\n"
-        "else rm -rf \"$n\"; echo state=HELD; if [ -r \"$d/info\" ]; then cat \"$d/info\"; else echo holder=unknown; fi; fi\n"
-        "echo now=$now\n")
+    cmd = commands.lock_acquire("alice@ctl", "t1", 7200, "drain")
+    assert words(cmd, "lock") == ["/var/lib/nemofleet/lock", "acquire", "alice@ctl", T1, "7200", "drain"]
+    assert "t1" not in words(cmd, "lock")  # only the token's SHA-256 reaches the host
+
+
+def test_lock_refresh_golden():
+    assert words(commands.lock_refresh("t1", 900), "lock") == ["/var/lib/nemofleet/lock", "refresh", T1, "900"]
 
 
 def test_status_uses_the_hosts_own_paths():
     cmd = commands.status("/data/models", "/srv/prom")
-    assert "for d in /data/models/*/" in cmd and "grep -v '^#' /srv/prom/nemofleet.prom" in cmd
+    assert cmd.startswith("timeout 150 python3 -I -S -c ") and cmd.endswith("\n")
+    w = shlex.split(cmd)[2:]
+    assert w[:4] == ["python3", "-I", "-S", "-c"] and w[4] == remote.source("host_status")
+    assert w[5:] == ["/var/lib/nemofleet/release", "/etc/systemd/system", "nemofleet-vllm-", "/srv/prom/nemofleet.prom",
+                     "/var/lib/nemofleet/health", "/data/models", ".nemofleet-complete", "/var/lib/nemofleet/audit.log"]
     assert "/srv/nemofleet/models" not in cmd and "/var/lib/prometheus" not in cmd
-    assert "'/data/my models'/*/" in commands.status("/data/my models/", "/p")  # quoted, one trailing slash
+    w = shlex.split(commands.status("/data/my models/", "/p"))
+    assert w[7 + 5] == "/data/my models" and w[7 + 3] == "/p/nemofleet.prom"  # one word, one trailing slash less
 
 
 def test_rollback_with_expect_guards_the_kept_release():
-    assert "not rolling back" in commands.rollback("abc123def456")
-    assert "not rolling back" not in commands.rollback()
+    assert words(commands.rollback("abc123def456"), "release") == [
+        "rollback", "/var/lib/nemofleet/release", "/etc/systemd/system", "nemofleet-vllm-", "/var/lib/nemofleet/previous",
+        "/usr/local/bin/nemofleet-drain", "/run/lock/nemofleet-health.lock", "abc123def456", "60"]
+    assert words(commands.rollback(), "release")[7] == ""  # no expected release: any kept one
+
+
+def test_gpu_returns_golden():
+    cmd, = commands.gpu_returns({"GPU-x": ["nemotron-3", "nemotron-4"]}, True)
+    w = shlex.split(cmd)
+    assert w[:4] == ["flock", "-w", "900", "/run/lock/nemofleet-health.lock"]
+    assert w[4:8] == ["python3", "-I", "-S", "-c"] and w[8] == remote.source("gpu_return")
+    assert w[9:] == ["/var/lib/nemofleet/health", "/usr/local/bin/nemofleet-drain", "1", "GPU-x", "nemotron-3", "nemotron-4"]
+    assert shlex.split(commands.gpu_returns({"GPU-x": ["a"]}, False)[0])[11] == "0"
 
 
 # ---------------------------------------------------------------------------- scripts under bash
 
+def sandbox_paths(monkeypatch, tmp_path):
+    """Point every host path the commands name into tmp_path (hostcmd reads `paths` when it builds
+    a command, and every path reaches the program as an argument)."""
+    state, units = tmp_path / "state", tmp_path / "units"
+    for name, value in {"STATE_DIR": state, "LOCK": state / "lock", "RELEASE": state / "release",
+                        "PREVIOUS": state / "previous", "AUDIT_LOG": state / "audit.log",
+                        "HEALTH_STATE": state / "health", "UNIT_DIR": units,
+                        "UNIT_GLOB": f"{units}/{paths.UNIT_PREFIX}*.service",
+                        "DRAIN_SCRIPT": tmp_path / "bin" / "nemofleet-drain",
+                        "HEALTH_LOCK": tmp_path / "health.lock"}.items():
+        monkeypatch.setattr(paths, name, str(value))
+    return state, units
+
+
 @pytest.fixture
-def sandbox(tmp_path):
-    """Run a command with the state and unit dirs under tmp_path and fake systemctl/flock."""
-    state, units, bindir = tmp_path / "state", tmp_path / "units", tmp_path / "bin"
+def sandbox(tmp_path, monkeypatch):
+    """Run a command with the state and unit dirs under tmp_path and fake systemctl (and, when a
+    test writes one, a fake drain script), in tmp_path as the working directory."""
+    state, units = sandbox_paths(monkeypatch, tmp_path)
+    bindir = tmp_path / "bin"
     for d in (state, units, bindir):
         d.mkdir()
     log = tmp_path / "systemctl.log"
@@ -114,16 +137,16 @@ def sandbox(tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
 
     def run(script: str, check_rc: int | None = 0) -> dict:
-        script = script.replace(paths.STATE_DIR, str(state)).replace(paths.UNIT_DIR, str(units))
         env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
-        p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+        p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30, cwd=tmp_path)
+        assert "Traceback" not in p.stderr, p.stderr
         if check_rc is not None:
             assert p.returncode == check_rc, p.stdout + p.stderr
         out = lockinfo.parse(p.stdout.splitlines())
         out["_stdout"], out["_stderr"] = p.stdout, p.stderr
         return out
 
-    run.state, run.units, run.log = state, units, log
+    run.state, run.units, run.log, run.bin, run.tmp = state, units, log, bindir, tmp_path
     return run
 
 
@@ -189,17 +212,27 @@ def test_lock_without_info_expires_by_its_age(sandbox):
     assert sandbox(commands.lock_status())["holder"] == "bob@ctl"
 
 
-def test_acquire_appears_with_its_info_in_one_step(sandbox):
+@pytest.mark.parametrize("killed_at", ["rename", "info"])
+def test_acquire_appears_with_its_info_in_one_step(sandbox, killed_at):
     """Every lock a controller leaves has its expiry: the info is written before the directory is
-    renamed into place, so the script killed at any line leaves no lock or a complete one."""
-    script = commands.lock_acquire("alice@ctl", "t1", 7200, "")
-    lines = script.splitlines()
-    cut = next(i for i, ln in enumerate(lines) if ln.startswith("if mkdir"))
-    # the script up to its last step, then that step without its rename: a controller killed there
-    sandbox("\n".join(lines[:cut]) + "\nn=\"$d.new.$$\"; mkdir \"$n\" && echo holder=x > \"$n/info\"\n")
+    renamed into place, so the program killed at any step leaves no lock or a complete one. Here it
+    dies (os._exit, as a SIGKILL would leave it) at its rename into place, or while it writes the
+    info file."""
+    argv = shlex.split(commands.lock_acquire("alice@ctl", "t1", 7200, ""))
+    die = ("import os, sys\n"
+           f"real_open, real_rename = os.open, os.rename\n"
+           "def rename(a, b, *k, **kw):\n    os._exit(9)\n"
+           "def open_(p, *a, **kw):\n    os._exit(9) if str(p).endswith('/info') else None\n"
+           "    return real_open(p, *a, **kw)\n"
+           f"os.{'rename = rename' if killed_at == 'rename' else 'open = open_'}\n"
+           "sys.argv = ['lock.py'] + sys.argv[1:]\n"
+           "exec(compile(SOURCE, 'lock.py', 'exec'), {'__name__': '__main__'})\n").replace("SOURCE", repr(argv[4]))
+    p = subprocess.run(["python3", "-I", "-S", "-c", die, *argv[5:]], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 9, p.stdout + p.stderr
     assert not (sandbox.state / "lock").exists()  # no lock at all, only a temporary directory
+    assert [d.name.split(".")[:2] for d in sandbox.state.iterdir()] == [["lock", "new"]]
     assert sandbox(commands.lock_status())["state"] == "FREE"
-    assert sandbox(script)["state"] == "ACQUIRED"
+    assert sandbox(commands.lock_acquire("alice@ctl", "t1", 7200, ""))["state"] == "ACQUIRED"
     info = (sandbox.state / "lock/info").read_text()
     assert "expires=" in info and f"token_sha256={T1}" in info
 
@@ -208,7 +241,7 @@ def test_two_acquires_at_once_one_wins(sandbox):
     """Racing controllers: exactly one holds the lock, the others are told who does."""
     procs = []
     for i in range(6):
-        script = commands.lock_acquire(f"c{i}@ctl", f"t{i}", 7200, "").replace(paths.STATE_DIR, str(sandbox.state))
+        script = commands.lock_acquire(f"c{i}@ctl", f"t{i}", 7200, "")
         procs.append(subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True))
     outs = [lockinfo.parse(p.communicate(timeout=30)[0].splitlines()) for p in procs]
     winners = [i for i, o in enumerate(outs) if o["state"] == "ACQUIRED"]
@@ -304,9 +337,74 @@ def test_rollback_without_a_kept_release_says_so(sandbox):
     assert "no previous release kept on this host" in out["_stderr"]
 
 
-def test_rollback_goes_through_the_front_door_one_instance_at_a_time_when_there_is_one():
-    script = commands.rollback(expect="aaaaaaaaaaaa", ready_timeout=45)
-    assert f"[ -x {paths.DRAIN_SCRIPT} ] && systemctl is-active -q haproxy" in script
-    assert (f"READY_TIMEOUT=45 timeout 165 flock -w 60 {paths.HEALTH_LOCK} {paths.DRAIN_SCRIPT} restart \"$i\" "
-            "|| echo \"instance $i: not ready through the front door yet\"") in script
-    assert "else timeout 60 systemctl restart --no-block -- \"$n\"; fi" in script  # no front door: all at once
+def test_rollback_goes_through_the_front_door_one_instance_at_a_time_when_there_is_one(sandbox):
+    """With a front door (the drain script, haproxy active, the instance known to it) each instance
+    restarts through it under the health lock, bounded by ready_timeout + 120 s; one that is not
+    ready in time is named and the others still go; no instance is restarted behind its back."""
+    calls = sandbox.tmp / "calls.log"
+    for name, body in {"systemctl": 'echo "systemctl $*" >> "$T/calls.log"\n',
+                       "nemofleet-drain": ('echo "drain $* READY_TIMEOUT=$READY_TIMEOUT" >> "$T/calls.log"\n'
+                                           '[ "$1 $2" = "restart nemotron-0" ] && exit 1\nexit 0\n'),
+                       "timeout": 'echo "timeout $*" >> "$T/calls.log"\nshift\nexec "$@"\n'}.items():
+        (sandbox.bin / name).write_text(f"#!/bin/sh\nT={sandbox.tmp}\n{body}")
+        (sandbox.bin / name).chmod(0o755)
+    _release(sandbox, "aaaaaaaaaaaa", {"nemofleet-vllm-nemotron-0.service": "old0", "nemofleet-vllm-nemotron-1.service": "old1"})
+    sandbox(commands.keep_previous())
+    _release(sandbox, "bbbbbbbbbbbb", {"nemofleet-vllm-nemotron-0.service": "new0", "nemofleet-vllm-nemotron-1.service": "new1"})
+    out = sandbox(commands.rollback(expect="aaaaaaaaaaaa", ready_timeout=45))
+    assert out["_stdout"].splitlines() == ["instance nemotron-0: not ready through the front door yet",
+                                           "rolled back to aaaaaaaaaaaa"]
+    log = calls.read_text()
+    drain = str(sandbox.bin / "nemofleet-drain")
+    for i in ("nemotron-0", "nemotron-1"):
+        assert f"timeout 165 flock -w 60 {paths.HEALTH_LOCK} {drain} restart {i}\n" in log
+        assert f"drain restart {i} READY_TIMEOUT=45" in log and f"drain state {i} READY_TIMEOUT=" in log
+        assert f"restart --no-block -- nemofleet-vllm-{i}.service" not in log  # only through the front door
+    assert "timeout 120 systemctl daemon-reload" in log and "timeout 10 systemctl is-active -q haproxy" in log
+    # no front door (haproxy not active): all at once, each systemctl call bounded
+    (sandbox.bin / "systemctl").write_text(f"#!/bin/sh\necho \"systemctl $*\" >> {calls}\n"
+                                           "[ \"$1\" = is-active ] && exit 3\nexit 0\n")
+    calls.write_text("")
+    sandbox(commands.keep_previous())
+    sandbox(commands.rollback())
+    log = calls.read_text()
+    assert "drain restart" not in log
+    assert "timeout 60 systemctl restart --no-block -- nemofleet-vllm-nemotron-0.service" in log
+
+
+def test_a_failing_systemctl_stops_the_rollback_with_one_sentence(sandbox):
+    _release(sandbox, "aaaaaaaaaaaa", {"nemofleet-vllm-nemotron-0.service": "old"})
+    sandbox(commands.keep_previous())
+    _release(sandbox, "bbbbbbbbbbbb", {"nemofleet-vllm-nemotron-0.service": "new"})
+    (sandbox.bin / "systemctl").write_text("#!/bin/sh\n[ \"$1\" = daemon-reload ] && exit 5\nexit 0\n")
+    out = sandbox(commands.rollback(), check_rc=1)
+    assert out["_stderr"].strip().splitlines() == ["rollback stopped: `systemctl daemon-reload` failed (exit 5)"]
+
+
+def test_gpu_return_removes_its_markers_and_puts_the_instances_back(sandbox):
+    health = sandbox.state / "health"
+    health.mkdir()
+    for name in ("gpu-GPU-x.sick", "gpu-GPU-x.healthy_runs", "nemotron-3.gpu_sick", "gpu-GPU-y.sick", "other.gpu_sick"):
+        (health / name).write_text("1\n")
+    drain = sandbox.bin / "nemofleet-drain"
+    drain.write_text(f"#!/bin/sh\necho \"$*\" >> {sandbox.tmp}/drain.log\n")
+    drain.chmod(0o755)
+    cmd, = commands.gpu_returns({"GPU-x": ["nemotron-3"]}, True)
+    sandbox(cmd)
+    assert sorted(p.name for p in health.iterdir()) == ["gpu-GPU-y.sick", "other.gpu_sick"]
+    assert (sandbox.tmp / "drain.log").read_text() == "in nemotron-3\n"
+    assert "is-active -q haproxy" in sandbox.log.read_text()
+    # a drain that fails stops with one sentence (the deploy's operation fails)
+    drain.write_text("#!/bin/sh\nexit 4\n")
+    out = sandbox(cmd, check_rc=1)
+    assert "instance nemotron-3 could not be put back in the front door" in out["_stderr"]
+
+
+@pytest.mark.parametrize("uuid, names", [("../../etc", ["a"]), ("GPU-x", ["../x"]), ("GPU-x", [".."]),
+                                         ("", ["a"]), ("GPU-x", ["a/b"])])
+def test_gpu_return_refuses_a_name_that_is_not_a_plain_file_name(sandbox, uuid, names):
+    (sandbox.state / "health").mkdir()
+    victim = sandbox.state / "x.gpu_sick"
+    victim.write_text("keep")
+    out = sandbox(commands.gpu_returns({uuid: names}, False)[0], check_rc=1)
+    assert "is not a plain GPU UUID or instance name" in out["_stderr"] and victim.exists()

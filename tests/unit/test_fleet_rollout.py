@@ -1,6 +1,7 @@
 """The fleet layer's logic without hosts: options, batches, the driver's clean results, no double
 rollback, the lock's refusals, host-key decisions, and the CLI's exit codes."""
 import ast
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,15 @@ from nemofleet import hostcmd as commands
 from nemofleet.fleet import driver, lock, rebuild, rollout
 from nemofleet.fleet.driver import Exec, FleetError, Result
 from nemofleet.fleet.rollout import HostState
+from nemofleet import remote
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def lock_action(script: str) -> str | None:
+    """The action of a lock command (`python3 -I -S -c <remote/lock.py> LOCK ACTION ...`), else None."""
+    words = shlex.split(script)
+    return words[6] if len(words) > 6 and words[4] == remote.source("lock") else None
 
 
 # ---------------------------------------------------------------------------- options and batches
@@ -166,8 +174,8 @@ def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatc
     monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])  # no serving group
     monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: {})  # read for the weights fan-out
     monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
-                        {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
-                                 if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+                        {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
+                                 if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
     seen = []
 
     def deploy(inv, h, data, window, env, log=print):
@@ -196,8 +204,8 @@ def test_rollout_batches_count_a_group_as_one_unit(monkeypatch):
     monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: ["h1", "g1", "g2", "h2"])
     monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: GROUP_DATA)
     monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
-                        {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
-                                 if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+                        {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
+                                 if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
     seen = []
     monkeypatch.setattr(rollout, "deploy_one", lambda inv, h, *a, **k: seen.append([h]) or rollout.HostResult(h, result="ok"))
     monkeypatch.setattr(rollout, "deploy_group", lambda inv, m, *a, **k: seen.append(m) or [rollout.HostResult(h, result="ok") for h in m])
@@ -247,7 +255,7 @@ def test_acquire_gives_back_what_it_took_when_one_host_is_held(monkeypatch):
 
     def exec_all(inv, hosts, script, timeout=0, env=None):
         calls.append((script.split("\n")[0][:20], list(hosts)))
-        if "mkdir" in script:
+        if lock_action(script) == "acquire":
             return {"a": Exec("a", 0, "state=ACQUIRED"), "b": Exec("b", 0, "state=HELD\nholder=alice@x\nsince=T")}
         return {h: Exec(h, 0, "state=RELEASED") for h in hosts}
     monkeypatch.setattr(driver, "exec_all", exec_all)
@@ -320,8 +328,8 @@ def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
             probes.append(script)
             d = fanout.weights_dir(SEEDED, fanout.wanted(SEEDED, {**SEEDED, **pub}))
             return {h: Exec(h, 0, f"{fanout.HELD_MARK}{d}" if h in holds else "") for h in hosts}
-        return {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
-                        if "REFRESHED" in script else "state=RELEASED") for h in hosts}
+        return {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
+                        if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts}
     monkeypatch.setattr(driver, "exec_all", exec_all)
     calls = []
 
@@ -415,8 +423,8 @@ class FakeFleet:
         monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])
         monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: {})
         monkeypatch.setattr(driver, "exec_all", lambda inv, hosts, script, timeout=0, env=None:
-                            {h: Exec(h, 0, "state=ACQUIRED" if "mkdir" in script else "state=REFRESHED"
-                                     if "REFRESHED" in script else "state=RELEASED") for h in hosts})
+                            {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
+                                     if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
         monkeypatch.setattr(driver, "Session", lambda inv, hosts: self)
         monkeypatch.setattr(rollout, "audit", lambda inv, h, event, detail: self.calls.append(("audit", h, event, detail)))
         monkeypatch.setattr(rollout, "deploy_one", self.deploy)

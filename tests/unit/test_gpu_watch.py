@@ -2,11 +2,12 @@
 per run, a GPU that turns sick drains its instance once (front door out, webhook once, no
 restart), the metrics per GPU, and the return after GPU_RETURN_AFTER healthy checks."""
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from nemofleet import render, settings
+from nemofleet import remote, render, settings
 from nemofleet.facts.gpuhealth import HEALTH_FIELDS
 from nemofleet.plan import Gpu, make_plan
 
@@ -195,22 +196,28 @@ def test_the_deploy_returns_a_drained_gpu_that_reads_healthy_and_does_nothing_ot
     assert not d.refusals, d.refusals
     assert d.gpu_returns == commands.gpu_returns({uuid: ["nemotron-0"]},
                                                  d.front_door)
-    assert f"rm -f /var/lib/nemofleet/health/gpu-{uuid}.sick" in d.gpu_returns[0]
-    assert d.gpu_returns[0].startswith("flock -w 900 /run/lock/nemofleet-health.lock sh -c ")
+    # one argument list: the health lock, then remote/gpu_return.py with the markers' directory, the drain
+    # script, the front door, the GPU and its instances (test_fleet_commands.py runs it)
+    w = shlex.split(d.gpu_returns[0])
+    assert w[:4] == ["flock", "-w", "900", "/run/lock/nemofleet-health.lock"]
+    assert w[4:8] == list(remote.PYTHON) and w[8] == remote.source("gpu_return")
+    assert w[9:] == ["/var/lib/nemofleet/health", "/usr/local/bin/nemofleet-drain", str(int(d.front_door)), uuid,
+                     "nemotron-0"]
     # still sick at the deploy: left out of the plan, so nothing returns; no marker: nothing at all
     f["health"] = dict(fact, xids=[{"code": 79, "bus_id": "0000:00:06", "time": None, "text": ""}])
     assert desired.build("h200-1", DATA, f, SECRETS).refusals  # its only GPU: no GPU may serve
     f["health"] = dict(fact, drained={})
     assert desired.build("h200-1", DATA, f, SECRETS).gpu_returns == []
-    with_door = commands.gpu_returns({"GPU-x": ["nemotron-3"]}, True)[0]
-    assert "/usr/local/bin/nemofleet-drain in nemotron-3" in with_door and "systemctl is-active -q haproxy" in with_door
+    with_door = shlex.split(commands.gpu_returns({"GPU-x": ["nemotron-3"]}, True)[0])
+    assert with_door[9:] == ["/var/lib/nemofleet/health", "/usr/local/bin/nemofleet-drain", "1", "GPU-x", "nemotron-3"]
 
 
 def test_status_shows_the_sick_gpu_and_why():
     from nemofleet import hostcmd as commands
     from nemofleet.fleet.status import gpu_lines
 
-    assert "/var/lib/nemofleet/health/gpu-*.sick" in commands.status("/srv/models", "/var/lib/prom")
+    # the drained GPUs' markers, HEALTH_STATE/gpu-*.sick, are read by remote/host_status.py (test_remote_lock.py runs it)
+    assert "/var/lib/nemofleet/health" in shlex.split(commands.status("/srv/models", "/var/lib/prom"))[7:]
     assert gpu_lines(["gpusick GPU-3 1764846000 3 Xid 79 in the kernel log since boot; reboot the host",
                       "prom x 1", "gpusick garbage"]) == [
         "GPU 3 (GPU-3) SICK since 2025-12-04T11:00:00Z, its instances out of the front door: "

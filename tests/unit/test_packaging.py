@@ -35,7 +35,8 @@ unit = render.unit(p, p.instances[0], [], 29)
 assert "ExecStart=/usr/bin/docker run" in unit and settings.DEFAULT_IMAGE in unit
 assert '"instances"' in render.health_config(p, settings.defaults()) and "def run_once" in render.health_program()
 from nemofleet import remote  # the host programs travel in the wheel too
-assert all("__main__" in remote.source(n) for n in ("weights_check", "models_on_disk", "hub", "engine_read", "health"))
+assert all("__main__" in remote.source(n) for n in ("weights_check", "models_on_disk", "hub", "engine_read", "health",
+                                                  "lock", "release", "gpu_return", "host_status"))
 print("rendered", len(unit))
 """
 

@@ -191,7 +191,7 @@ def test_every_command_that_reads_the_models_root_is_bounded():
 
 
 
-def test_rollback_guard_prints_the_expected_release_as_text(tmp_path):
+def test_rollback_guard_prints_the_expected_release_as_text(tmp_path, monkeypatch):
     from nemofleet import hostcmd as commands
 
     pwned = tmp_path / "pwned"
@@ -199,7 +199,8 @@ def test_rollback_guard_prints_the_expected_release_as_text(tmp_path):
     kept = tmp_path / "previous"
     kept.mkdir()
     (kept / "release").write_text("id=other-release\n")
-    script = commands.rollback(expect=expect).replace(f"p={paths.PREVIOUS}\n", f"p={kept}\n")
+    monkeypatch.setattr(paths, "PREVIOUS", str(kept))  # the kept release's path is an argument of the program
+    script = commands.rollback(expect=expect)
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and f"the kept release is other-release, not {expect}: not rolling back" in r.stderr
     assert not pwned.exists()

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
-from .. import inputs, paths, render
+from .. import inputs, render
 from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
@@ -50,10 +50,6 @@ class HostStatus:
         return f"DRIFT: {what} (release {self.release} -> {self.planned})"
 
 
-# the last canary verdict a rollout wrote in the host's audit log (`<time> <operator> canary <verdict>`)
-CANARY_SCRIPT = (f"awk '$3 == \"canary\"' {paths.AUDIT_LOG} 2>/dev/null | tail -n 1 | sed 's/^/canary /'\n")
-
-
 def _record(lines: list[str]) -> dict:
     """`release key=value` lines (the release record as the status script prints it) -> {key: value}."""
     out = {}
@@ -66,7 +62,8 @@ def _record(lines: list[str]) -> dict:
 
 
 def canary_line(lines: list[str]) -> list[str]:
-    """`canary <time> <operator> canary <verdict and figures>` -> the status line, if any."""
+    """`canary <time> <operator> canary <verdict and figures>` (the last canary verdict a rollout
+    wrote in the host's audit log, as remote/host_status.py prints it) -> the status line, if any."""
     for ln in lines:
         parts = ln.split(" ", 4)
         if len(parts) == 5 and parts[0] == "canary" and parts[3] == "canary":
@@ -79,10 +76,10 @@ def _script_for(data: dict) -> tuple[str, list[str]]:
 
     try:
         s = settings.parse(data)
-        return commands.status(s.models_root, s.prom_dir) + CANARY_SCRIPT, []
+        return commands.status(s.models_root, s.prom_dir), []
     except settings.SettingsError as exc:
         d = settings.defaults()  # still show what the host has where nemofleet would put it
-        return commands.status(d["models_root"], d["prom_dir"]) + CANARY_SCRIPT, exc.problems
+        return commands.status(d["models_root"], d["prom_dir"]), exc.problems
 
 
 def _figure(text: str | None, fmt: str) -> str:
