@@ -158,3 +158,39 @@ def test_rollout_restarts_and_gates_the_group_as_one_unit(group):
     wait_healthy(HEAD)
     again = pyinfra(hosts=MEMBERS)
     assert again.changed() == [], again.out[-5000:]
+
+
+@pytest.mark.parametrize("planted", [
+    "10.0.0.9$(cd;touch${IFS}nf-pwned)",  # command substitution in an IPv4 address
+    "fd00::9%eth0$(cd;touch${IFS}nf-pwned)",  # a crafted IPv6 scope id (the audit's root shell)
+    "10.0.0.9;cd;touch${IFS}nf-pwned",
+    "10.0.0.9`cd;touch${IFS}nf-pwned`",
+])
+def test_a_compromised_head_s_address_never_runs_on_a_worker(group, planted):
+    """The head's facts are what a compromised or odd head says: its `ip -o addr` gains a line whose
+    address carries a payload (the head's own `ip`, shadowed). The group's deploy reads the head's
+    addresses for every worker's unit; whatever it decides (plan on the real address, or refuse the
+    group naming the head), the payload reaches no command line and runs nowhere."""
+    shim = ("#!/bin/sh\n/sbin/ip \"$@\"; rc=$?\n"
+            "case \"$*\" in *addr*) printf '%s\\n' '9: eth0    inet " + planted + "/24 scope global eth0' ;; esac\n"
+            "exit $rc\n")
+    on(HEAD, f"cat > /usr/local/sbin/ip <<'EOF'\n{shim}EOF\nchmod 755 /usr/local/sbin/ip; rm -f /root/nf-pwned /tmp/nf-pwned")
+    try:
+        assert planted in on(HEAD, "ip -o addr show").stdout
+        units = {h: on(h, f"cat /etc/systemd/system/{UNIT}").stdout for h in MEMBERS}
+        r = pyinfra(hosts=MEMBERS)
+        out = r.out
+        status = subprocess.run([NEMOFLEET, "status", "inventories/testbed.py"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=600, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, NEMOFLEET_TESTBED_HOSTS=",".join(MEMBERS)))
+    finally:
+        on(HEAD, "rm -f /usr/local/sbin/ip")
+    assert "Traceback" not in out + status.stdout + status.stderr, out[-3000:]
+    for h in MEMBERS:
+        assert on(h, "ls /root/nf-pwned /tmp/nf-pwned 2>/dev/null", check=False).stdout == "", f"the payload ran on {h}"
+        assert on(h, f"cat /etc/systemd/system/{UNIT}").stdout == units[h]  # the units name the real address
+        assert "nf-pwned" not in on(h, f"systemctl show -p ExecStartPre -p ExecStart {UNIT}").stdout
+    if r.rc:  # refused: the group, naming the head as the member whose facts are bad
+        assert "mn-1" in out and r.changed() == [], out[-3000:]
+    else:
+        assert r.changed() == [], out[-3000:]
