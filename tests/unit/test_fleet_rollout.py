@@ -607,3 +607,12 @@ def test_status_shows_the_last_canary_verdict():
     assert status.canary_line(lines) == ["last canary gate 2026-12-05T19:14:01Z by bob@ctl: fail: error rate: "
                                          "canary 5.00% vs baseline 0.00%"]
     assert status.canary_line(["canary nothing"]) == []
+
+
+def test_the_gate_figures_of_an_idle_window_say_dash_not_none():
+    from nemofleet.fleet.rollout import _fig
+
+    assert _fig({"requests": 0, "error_rate_pct": None, "p95_ttft_s": None, "p95_e2e_s": None}) == \
+        "0 req - errors p95 TTFT - e2e -"
+    assert _fig({"requests": 4, "error_rate_pct": 0.0, "p95_ttft_s": 0.2425, "p95_e2e_s": 0.285}) == \
+        "4 req 0.0% errors p95 TTFT 0.2425s e2e 0.285s"

@@ -628,8 +628,12 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
 
 
 def _fig(d: dict) -> str:
-    return (f"{d.get('requests')} req {d.get('error_rate_pct')}% errors p95 TTFT {d.get('p95_ttft_s')}s "
-            f"e2e {d.get('p95_e2e_s')}s")
+    """The gate's figures in words; a figure with no requests behind it is '-' (not None)."""
+    def v(key: str, unit: str) -> str:
+        x = d.get(key)
+        return "-" if x is None else f"{x}{unit}"
+    return (f"{d.get('requests') or 0} req {v('error_rate_pct', '%')} errors p95 TTFT {v('p95_ttft_s', 's')} "
+            f"e2e {v('p95_e2e_s', 's')}")
 
 
 def _releases(session, hosts: list[str]) -> dict[str, str | None]:
