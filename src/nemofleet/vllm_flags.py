@@ -133,6 +133,13 @@ def _table_032() -> dict[str, Flag]:
     t["--device-ids"] = Flag("--device-ids", "str")
     return t
 
+def _table_033() -> dict[str, Flag]:
+    return _table([
+        Flag("--mamba-cache-mode", "choice", ("align", "none"), deprecated="derived from prefix caching since 0.28; no effect"),
+        Flag("--device-ids", "str"),
+    ])
+
+
 VERSIONS: dict[str, VllmVersion] = {
     # docs/recipes.md#lightning-a100 and #lightning-h100 ran on v0.27.1, incl. --mamba-cache-mode align.
     # CUDA 12.8 as pinned so far (driver >= 570, as on the A100 host of docs/recipes.md#lightning-a100).
@@ -150,27 +157,11 @@ VERSIONS: dict[str, VllmVersion] = {
     "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
     # vLLM 0.33 engine args: --mamba-cache-mode is deprecated and has no effect (derived from
     # prefix caching), 'all' is gone; images are CUDA 13.0.
-    "0.33.0": VllmVersion(
-        "0.33.0", "13.0",
-        _table([
-            Flag("--mamba-cache-mode", "choice", ("align", "none"),
-                 deprecated="derived from prefix caching since 0.28; no effect"),
-            Flag("--device-ids", "str"),
-        ]),
-        _REASONING, _TOOLS,
-    ),
+    "0.33.0": VllmVersion("0.33.0", "13.0", _table_033(), _REASONING, _TOOLS),
     # vLLM 0.34.0, the newest release: what the plan emits parses as in 0.33.0 (every planned line
     # checked by its real parser, read from its CUDA wheel: make test-real-parser-cuda); operator
     # flags are checked against data/vllm_args_0.34.0.json, generated from that parser
-    "0.34.0": VllmVersion(
-        "0.34.0", "13.0",
-        _table([
-            Flag("--mamba-cache-mode", "choice", ("align", "none"),
-                 deprecated="derived from prefix caching since 0.28; no effect"),
-            Flag("--device-ids", "str"),
-        ]),
-        _REASONING, _TOOLS,
-    ),
+    "0.34.0": VllmVersion("0.34.0", "13.0", _table_033(), _REASONING, _TOOLS),
 }
 
 

