@@ -1,37 +1,19 @@
 """The testbed's stand-in vLLM exports what the canary gate reads under vLLM's real names, keeps
 its documented latency, and the -flaky release fails exactly every 20th completion."""
 import json
-import sys
-import threading
-import types
 import urllib.error
 import urllib.request
-from http.server import ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+import standin_server
 
-from nemofleet import canary, vllm_flags
-
-ROOT = Path(__file__).resolve().parents[2]
+from nemofleet import canary
 
 
 @pytest.fixture
 def standin(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm_flags", vllm_flags)
-    monkeypatch.syspath_prepend(str(ROOT / "testbed" / "src" / "nemofleet_testbed" / "standin"))
-    sys.modules.pop("vllm_standin", None)
-    import vllm_standin
-
-    vllm_standin.STATE["ready"] = True
-    vllm_standin.Handler.args = types.SimpleNamespace(served_model_name=["nemotron"], model_tag="/m",
-                                                      max_num_seqs=8, max_model_len=4096)
-    vllm_standin.Handler.log_message = lambda *a: None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), vllm_standin.Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield vllm_standin, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    sys.modules.pop("vllm_standin", None)
+    with standin_server.serving(monkeypatch, max_num_seqs=8) as served:
+        yield served
 
 
 def ask(base):

@@ -7,14 +7,12 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import urllib.request
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import standin_server
 
-from nemofleet import vllm_flags
 from nemofleet.fleet.status import load_text, unit_lines
 from nemofleet.plan import Gpu, make_plan
 from nemofleet.render import health_config, health_program
@@ -188,20 +186,8 @@ def test_textfile_lines_feed_status(health):
 
 @pytest.fixture
 def standin(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm_flags", vllm_flags)
-    monkeypatch.syspath_prepend(str(ROOT / "testbed" / "src" / "nemofleet_testbed" / "standin"))
-    sys.modules.pop("vllm_standin", None)
-    import vllm_standin
-
-    vllm_standin.STATE["ready"] = True
-    vllm_standin.Handler.args = types.SimpleNamespace(served_model_name=["nemotron"], model_tag="/m",
-                                                      max_num_seqs=2, max_model_len=4096)
-    vllm_standin.Handler.log_message = lambda *a: None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), vllm_standin.Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    sys.modules.pop("vllm_standin", None)
+    with standin_server.serving(monkeypatch, max_num_seqs=2) as served:
+        yield served[1]
 
 
 def _figures(base: str) -> dict[str, float]:
