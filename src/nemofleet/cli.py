@@ -401,6 +401,30 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _fingerprint(text: str) -> str:
+    """--expect-host-key: an SSH host key fingerprint as `ssh-keygen -lf` prints it (the
+    expected_host_key setting's own pattern), checked before any connection."""
+    import re
+
+    from . import settings
+
+    if not re.fullmatch(settings.BY_NAME["expected_host_key"].pattern, text):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a fingerprint as ssh-keygen -lf prints it "
+                                         "(SHA256: and 43 base64 characters)")
+    return text
+
+
+def _tokens(text: str) -> int:
+    """--max-tokens: a whole number of tokens from 1 to 1,000,000."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a whole number of tokens") from None
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} must be from 1 to 1000000 tokens")
+    return value
+
+
 def _ttl(a) -> int:
     from .fleet import lock
 
@@ -618,7 +642,7 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("inventory")
     sm.add_argument("--limit", action="append", default=[])
     sm.add_argument("--prompt", default="What is 17*23? Answer in one sentence.", help="the user message to send")
-    sm.add_argument("--max-tokens", type=int, default=512, help="the completion's max_tokens (reasoning included)")
+    sm.add_argument("--max-tokens", type=_tokens, default=512, help="the completion's max_tokens (reasoning included)")
     sm.add_argument("--json", action="store_true", help="print each host's answer as JSON")
     ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"
     r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
@@ -666,7 +690,7 @@ def parser() -> argparse.ArgumentParser:
     rd.add_argument("inventory")
     rd.add_argument("host", help="the reinstalled host (one host of the inventory)")
     rd.add_argument("--accept-new-host-key", action="store_true", help="replace a changed SSH host key")
-    rd.add_argument("--expect-host-key", metavar="SHA256:...",
+    rd.add_argument("--expect-host-key", metavar="SHA256:...", type=_fingerprint,
                     help="the fingerprint the new host key must have, read on the host's console (default: none)")
     rd.add_argument("--yes", action="store_true", help="trust a new host key without an expected fingerprint")
     rd.add_argument("--wait", type=_seconds, default=1200)

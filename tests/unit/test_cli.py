@@ -165,3 +165,14 @@ def test_data_values_are_one_sentence_and_exit_2(capsys, inv, monkeypatch):
     assert rc == 2 and err.startswith("nemofleet: --data 'novalue' must be KEY=VALUE") and len(err.splitlines()) == 1
     rc, _, err = run(capsys, "rollout", inv, "--data", "vllm_api_key=sk-secret")
     assert rc == 2 and "would put a secret on pyinfra's command line" in err and "sk-secret" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["smoke", "{inv}", "--max-tokens", "-1"], "'-1' must be from 1 to 1000000 tokens"),
+    (["smoke", "{inv}", "--max-tokens", "1e9"], "'1e9' is not a whole number of tokens"),
+    (["rebuild", "{inv}", "h1", "--expect-host-key", "abc"], "'abc' is not a fingerprint as ssh-keygen -lf prints it"),
+    (["rollout", "{inv}", "--wait", "1e999"], "'1e999' must be a finite number of seconds from 1 to 86400"),
+])
+def test_option_values_are_checked_before_any_host_is_asked(capsys, inv, argv, words):
+    rc, _, err = run(capsys, *[a.format(inv=inv) for a in argv])
+    assert rc == 2 and words in err, err
