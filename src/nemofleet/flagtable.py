@@ -78,7 +78,6 @@ TABLE: tuple[Emitted, ...] = (
             owner="serving_group_parallel (nemofleet runs vLLM's multiprocessing executor)", emitted=False),
 )
 
-BY_FLAG = {e.flag: e for e in TABLE}
 # emission order; flags the table does not know (operator extras) keep their relative order after these
 ORDER = tuple(e.flag for e in TABLE if e.emitted)
 OWNED = {e.flag: e.owner for e in TABLE if e.owner}

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import flagtable
-
 ALL_ARCHS = ("ampere", "ada", "hopper", "blackwell", "sm12x")
 
 
@@ -66,10 +64,6 @@ RECIPES: list[Row] = [
         moe=True),
 ]
 
-# Emission order and the flags the plan owns: the one flag table, flagtable.py (kept here under
-# their old names for the callers of this module)
-ORDER, OWNED, owned_setting = flagtable.ORDER, flagtable.OWNED, flagtable.owned_setting
-
 
 def rows_for(model, arch: str, spec: bool, cc: str = "") -> list[Row]:
     return [r for r in RECIPES
@@ -93,7 +87,6 @@ def flags_for(model, arch: str, spec: bool, supported, cc: str = "") -> list[tup
     return list(out.items())
 
 
-ordered = flagtable.ordered
 
 
 # The day-one post's DGX Spark line (docs/recipes.md#lightning-h100): its CUDA graph capture sizes,
