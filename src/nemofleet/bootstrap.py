@@ -106,8 +106,7 @@ def install(s: Settings) -> bool | None:
                         source=drv_source)
         # decided from the facts (an honest --dry: no conditional reboot): the driver packages this run
         # installs, or a driver branch that is not the loaded one
-        if not loaded_ok or any(not packages.matches((have.get(n) or {}).get("version"), f"{branch}.*")
-                                for n in drv_pkgs):
+        if not loaded_ok or packages.off_version(have, drv_pkgs, f"{branch}.*"):
             reboot.reboot_and_wait(name=f"Reboot into NVIDIA driver {branch}",
                                    why=f"NVIDIA driver {branch} was installed and is not loaded yet")
         pending = pending or not loaded_ok

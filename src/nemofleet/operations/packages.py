@@ -55,10 +55,15 @@ def matches(installed: str | None, version: str) -> bool:
     return installed is not None and fnmatch.fnmatchcase(installed, version)
 
 
+def off_version(have: dict, names: list[str], version: str) -> list[str]:
+    """Packages of `names` not installed at `version` (`have`: AptPackages): what pinned() installs."""
+    return [n for n in names if not matches((have.get(n) or {}).get("version"), version)]
+
+
 def unmet(have: dict, names: list[str], version: str) -> list[str]:
     """Packages of `names` not installed at `version` or not held (`have`: AptPackages)."""
-    return [n for n in names if not matches((have.get(n) or {}).get("version"), version)
-            or not (have.get(n) or {}).get("held")]
+    off = set(off_version(have, names, version))
+    return [n for n in names if n in off or not (have.get(n) or {}).get("held")]
 
 
 def pin_text(packages: list[str], version: str, why: str) -> str:
@@ -86,7 +91,7 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
              if current.get(p) != ("644", hashlib.sha256(data).hexdigest())]
     gone = [p for p in sorted(conflicting or []) if current.get(p) is not None]
     have = host.get_fact(AptPackages, names=tuple(packages))
-    wrong = [p for p in packages if not matches((have.get(p) or {}).get("version"), version)]
+    wrong = off_version(have, packages, version)
     if not (stale or gone or unmet(have, packages, version)):
         host.noop(f"{label} {version} is installed and held")
         return
