@@ -93,7 +93,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
     the plan are stopped, disabled and removed. With `deferred` (a front door), a running unit
     whose file changed is not restarted here but added to the set: the deploy restarts it through
     the front door's drain, one at a time (running_plan() tells the deploy which, beforehand)."""
-    p = _plan(fact(*running_reads(units)), units, changed, unit_dir, deferred is not None)
+    p = running_plan(units, changed, unit_dir, deferred)
     if deferred is not None:
         deferred.update(p.deferred)
     if not p.changes():
