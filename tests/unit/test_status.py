@@ -286,3 +286,12 @@ def test_drift_is_said_in_words():
     assert HostStatus("h", release="a", planned="a").drift() == "in sync"
     assert "refused" in HostStatus("h", release="a", planned=None).drift()
     assert HostStatus("h", release=None, planned="b").drift() == "DRIFT: nothing deployed yet; the inventory plans release b"
+
+
+def test_a_host_whose_settings_are_refused_is_still_read_where_the_defaults_put_things():
+    from nemofleet.fleet import status as st
+    from nemofleet import settings
+
+    script, problems = st._script_for({"models_root": "/"})
+    assert problems and problems[0].startswith("models_root '/' is a system directory")
+    assert settings.defaults().models_root in script

@@ -79,7 +79,7 @@ def _script_for(data: dict) -> tuple[str, list[str]]:
         return commands.status(s.models_root, s.prom_dir), []
     except settings.SettingsError as exc:
         d = settings.defaults()  # still show what the host has where nemofleet would put it
-        return commands.status(d["models_root"], d["prom_dir"]), exc.problems
+        return commands.status(d.models_root, d.prom_dir), exc.problems
 
 
 def _figure(text: str | None, fmt: str) -> str:
