@@ -102,11 +102,16 @@ class Figures:
                 "p95_e2e_s": None if p_e is None else round(p_e, 4)}
 
     def text(self) -> str:
-        d = self.as_dict()
-        rate = "-" if d["error_rate_pct"] is None else f"{d['error_rate_pct']:.1f}%"
-        ttft = "-" if d["p95_ttft_s"] is None else f"{d['p95_ttft_s']:.2f}s"
-        e2e = "-" if d["p95_e2e_s"] is None else f"{d['p95_e2e_s']:.2f}s"
-        return f"{d['requests']} req, {rate} errors, p95 TTFT {ttft} e2e {e2e}"
+        return figures_text(self.as_dict())
+
+
+def figures_text(d: dict) -> str:
+    """Figures as words (Figures.as_dict(), also as a rollout's record keeps them): a figure with
+    no requests behind it is '-'."""
+    rate = "-" if d["error_rate_pct"] is None else f"{d['error_rate_pct']:.1f}%"
+    ttft = "-" if d["p95_ttft_s"] is None else f"{d['p95_ttft_s']:.2f}s"
+    e2e = "-" if d["p95_e2e_s"] is None else f"{d['p95_e2e_s']:.2f}s"
+    return f"{d['requests']} req, {rate} errors, p95 TTFT {ttft} e2e {e2e}"
 
 
 def _buckets(samples: dict, metric: str) -> dict:

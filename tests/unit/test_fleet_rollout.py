@@ -610,9 +610,10 @@ def test_status_shows_the_last_canary_verdict():
 
 
 def test_the_gate_figures_of_an_idle_window_say_dash_not_none():
-    from nemofleet.fleet.rollout import _fig
+    # the words the audit log and status give a verdict's figures (canary.figures_text, as the bake prints them)
+    from nemofleet.canary import figures_text
 
-    assert _fig({"requests": 0, "error_rate_pct": None, "p95_ttft_s": None, "p95_e2e_s": None}) == \
-        "0 req - errors p95 TTFT - e2e -"
-    assert _fig({"requests": 4, "error_rate_pct": 0.0, "p95_ttft_s": 0.2425, "p95_e2e_s": 0.285}) == \
-        "4 req 0.0% errors p95 TTFT 0.2425s e2e 0.285s"
+    assert figures_text({"requests": 0, "error_rate_pct": None, "p95_ttft_s": None, "p95_e2e_s": None}) == \
+        "0 req, - errors, p95 TTFT - e2e -"
+    assert figures_text({"requests": 4, "error_rate_pct": 0.0, "p95_ttft_s": 0.2425, "p95_e2e_s": 0.2951}) == \
+        "4 req, 0.0% errors, p95 TTFT 0.24s e2e 0.30s"

@@ -596,8 +596,10 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                         return outcome
                     record["label"] = label
                     outcome.batches.append(record)
-                    figures = (f"{record['verdict']}: {record['reason']}; canary {_fig(record['canary_figures'])}; "
-                               f"baseline ({record['baseline']['kind']}) {_fig(record['baseline_figures'])}")
+                    figures = (f"{record['verdict']}: {record['reason']}; "
+                               f"canary {gate_math.figures_text(record['canary_figures'])}; "
+                               f"baseline ({record['baseline']['kind']}) "
+                               f"{gate_math.figures_text(record['baseline_figures'])}")
                     log(f"  {label} verdict: {record['verdict'].upper()}: {record['reason']}")
                     for h in baked:
                         audit(inventory, h, "canary", figures)
@@ -625,15 +627,6 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
         if session is not None:
             session.close()
     return outcome
-
-
-def _fig(d: dict) -> str:
-    """The gate's figures in words; a figure with no requests behind it is '-' (not None)."""
-    def v(key: str, unit: str) -> str:
-        x = d.get(key)
-        return "-" if x is None else f"{x}{unit}"
-    return (f"{d.get('requests') or 0} req {v('error_rate_pct', '%')} errors p95 TTFT {v('p95_ttft_s', 's')} "
-            f"e2e {v('p95_e2e_s', 's')}")
 
 
 def _releases(session, hosts: list[str]) -> dict[str, str | None]:

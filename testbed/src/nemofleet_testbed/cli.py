@@ -42,7 +42,7 @@ def _run(a) -> int:
     import nemofleet_testbed as testbed
 
     if a.action == "up":
-        testbed.up(a.profile, a.hosts or None, demo=getattr(a, "demo", False))
+        testbed.up(a.profile, a.hosts or None, demo=a.demo)
     elif a.action == "down":
         testbed.down()
     elif a.action == "status":
