@@ -40,6 +40,7 @@ if [ -r "$os_release" ] && grep -Eq '^(ID|ID_LIKE)=.*(debian|ubuntu)' "$os_relea
 # (systemd only for systemd-analyze, which the unit tests run over the rendered units; dpkg-dev and
 # gnupg build and sign the testbed's apt repository; curl and ca-certificates fetch over HTTPS)
 PREREQS='docker (the Docker client)|command -v docker|docker.io
+dockerd (the Docker engine; a machine may ship the client alone)|command -v dockerd|docker.io
 debootstrap (builds the testbed images)|command -v debootstrap|debootstrap
 ssh and ssh-keygen|command -v ssh && command -v ssh-keygen|openssh-client
 rsync|command -v rsync|rsync

@@ -160,6 +160,18 @@ def test_root_on_debian_installs_what_is_missing_once_and_starts_dockerd(m):
     assert "all present" in r.stdout
 
 
+def test_a_docker_client_without_its_engine_installs_the_engine(m):
+    """Seen on this project's own machine image: a static docker CLI in /usr/local/bin and no dockerd.
+    The client alone is not the engine: docker.io is installed, then dockerd started."""
+    m.remove("dockerd")
+    m.flag("engine-starts")
+    r = m.run()
+    assert r.returncode == 0, r.stdout + r.stderr
+    apt = [c for c in m.calls() if c.startswith("apt-get install")]
+    assert len(apt) == 1 and apt[0].split()[5:] == ["docker.io"]
+    assert any(c.startswith("dockerd") for c in m.calls())
+
+
 def test_systemd_as_pid1_starts_the_engine_with_systemctl(m):
     m.flag("engine-starts")
     r = m.run(NEMOFLEET_PREREQS_PID1="systemd")
