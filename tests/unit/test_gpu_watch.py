@@ -144,9 +144,11 @@ def test_a_gpu_that_turns_sick_is_drained_once_never_restarted_and_returns_after
     assert not [c for c in calls(tmp_path, "systemctl") if c.startswith("restart")]
     assert (tmp_path / "state" / f"gpu-{GPUS[3].uuid}.sick").read_text().startswith(f"{GPUS[3].uuid} ")
 
-    # reset recorded after the Xid: healthy; with GPU_RETURN_AFTER=2 it returns at the 2nd healthy check
-    import time
-    (tmp_path / "resets").write_text(f"00000000:1B:00.0 {int(time.time()) + 5}\n")
+    # reset recorded after the Xid: healthy; with GPU_RETURN_AFTER=2 it returns at the 2nd healthy check.
+    # The Xid's time is boot time + its kernel-log timestamp (1234.5 s), as the health program reads
+    # them: the reset is placed after that event, whatever this machine's uptime
+    btime = next(int(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime "))
+    (tmp_path / "resets").write_text(f"00000000:1B:00.0 {btime + 1234 + 5}\n")
     r, _ = run(tmp_path, plan, GPU_RETURN_AFTER="2")
     assert r.returncode == 1 and "in nemotron-3" not in calls(tmp_path, "drain")
     r, prom = run(tmp_path, plan, GPU_RETURN_AFTER="2")
