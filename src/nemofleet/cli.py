@@ -135,8 +135,9 @@ def cmd_plan(a) -> int:
         peers = {m: _peer_facts(m, facts.get(m), a.facts) for m in members if m != name} if members else None
         peer_data = {m: datas[m] for m in members if m in datas and m != name} if members else None
         try:
-            d = decide(inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
-                                   operator=driver.operator(), peers=peers, peer_data=peer_data))
+            i = inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
+                            operator=driver.operator(), peers=peers, peer_data=peer_data)
+            d = decide(i)
         except Exception as exc:  # a shape no parser caught: this host only, never the fleet
             result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "
                                         "its facts or host data hold a value of an unexpected type"], "warnings": []}
@@ -150,7 +151,7 @@ def cmd_plan(a) -> int:
             # refused for something outside the plan (no API key on this controller yet...): the
             # instances, flags and memory it would run once the refusals are fixed
             result[name]["preview"] = d.preview.to_dict()
-        tiny = _tiny_checkpoint(f, result[name]["plan"])
+        tiny = _tiny_checkpoint(i.facts, result[name]["plan"])
         if tiny:
             result[name]["notes"] = [tiny]
     if a.json:
@@ -236,21 +237,19 @@ def _flag_lines(line: str) -> list[str]:
 def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
     """A sentence when the weights the plan sized its memory from are the testbed's tiny stand-in
     checkpoint (nemofleet_testbed.tinymodel marks its config.json with `nemofleet_tiny`): its few
-    GiB, not the real model's size, drive the GiB figures."""
+    GiB, not the real model's size, drive the GiB figures. `facts`: the host's typed Facts."""
     from .models import host_dir_name, local_dir_name
 
-    if not plan or not isinstance(facts, dict) or not isinstance(facts.get("models"), dict):
+    if not plan:
         return None
     # the directory planning.checkpoint_meta reads: this commit's, else any of the same repo
     repo = local_dir_name(plan["repo"])
     dirs = [host_dir_name(plan["repo"], plan["revision"])] + sorted(
-        n for n in facts["models"] if isinstance(n, str) and n.split("@", 1)[0] == repo)
-    for d in dirs[:2] if dirs[0] not in facts["models"] else dirs[:1]:
-        meta = facts["models"].get(d)
-        cfg = meta.get("config") if isinstance(meta, dict) else None
-        if isinstance(cfg, dict) and cfg.get("nemofleet_tiny"):
-            size = meta.get("total_size")
-            size = f"{size / 1024**3:.1f} GiB" if isinstance(size, (int, float)) else "a few GiB"
+        n for n in facts.models if n.split("@", 1)[0] == repo)
+    for d in dirs[:2] if dirs[0] not in facts.models else dirs[:1]:
+        meta = facts.models.get(d)
+        if meta is not None and meta.config is not None and meta.config.nemofleet_tiny:
+            size = f"{meta.total_size / 1024**3:.1f} GiB" if meta.total_size is not None else "a few GiB"
             return (f"the weights on this host are the testbed's tiny checkpoint ({size}), not {plan['repo']}: "
                     "the memory figures use its size")
     return None
@@ -260,7 +259,7 @@ def _plan_fanout(datas: dict, facts: dict, groups: dict):
     """The weights fan-out a converge of these hosts decides (docs/fanout.md; the same
     fanout.for_run as the deploy, over the hosts it would reach: those with facts), and the
     lines to show: the copies of hosts whose facts show the model's directory incomplete."""
-    from . import fanout, inputs
+    from . import factmodel, fanout, inputs
     from .models import host_dir_name
 
     reached = {h: d for h, d in datas.items() if isinstance(facts.get(h), dict)}
@@ -268,9 +267,8 @@ def _plan_fanout(datas: dict, facts: dict, groups: dict):
     run = fanout.for_run(reached, inputs.read_secrets, gateway)
     holders = {}
     for h, c in run.fan.copies.items():
-        models = facts[h].get("models")
-        meta = models.get(host_dir_name(*c.key)) if isinstance(models, dict) else None
-        if isinstance(meta, dict) and meta.get("complete") is True:
+        meta = factmodel.parse(facts[h])[0].models.get(host_dir_name(*c.key))  # a bad part: no models
+        if meta is not None and meta.complete:
             holders[h] = {c.key}
     return run, run.lines(holders)
 

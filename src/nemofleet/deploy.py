@@ -18,7 +18,7 @@ from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, fanout, paths, render, runlock
 from . import settings as settings_mod
-from . import inputs
+from . import factmodel, inputs
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .facts.host import HostFacts, known_reads
@@ -122,7 +122,8 @@ def host_inputs() -> HostInputs:
         from .multinode import head_probe
 
         s = inputs.parse_or_none(d)
-        target = head_probe(host.name, s, {**peers, host.name: facts}) if s is not None else None
+        typed = {m: factmodel.parse_peer(m, f) for m, f in {**peers, host.name: facts}.items()}
+        target = head_probe(host.name, s, typed) if s is not None else None
         if target:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}

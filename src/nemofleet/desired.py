@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import gpuhealth
@@ -22,6 +23,7 @@ from . import hostcmd as fleet_commands
 from . import planning
 from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
 from .gpuaccess import effective_cgroup_driver
+from .factmodel import Facts, ModelDir
 from .planmodel import Plan
 from .secret import SshPublicKey, reveal
 
@@ -112,10 +114,10 @@ class Desired:
 # ---------------------------------------------------------------------------- daemon.json
 
 
-def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> dict:
+def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> dict:
     """The daemon.json keys nemofleet owns on this host (None: remove the key)."""
     desired: dict = {}
-    if facts["toolkit"].get("runtime") or facts["toolkit"].get("version"):
+    if facts.toolkit.runtime or facts.toolkit.version:
         desired["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}
     if s.docker_default_runtime:
         desired["default-runtime"] = s.docker_default_runtime
@@ -133,7 +135,7 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: dict) -> di
         exec_opts = p.docker_exec_opts
     if exec_opts is not None:
         desired["exec-opts"] = exec_opts or None
-    if p is not None and p.gpu_method == "cdi" and versions.major(facts["docker"].get("server")) < 28:
+    if p is not None and p.gpu_method == "cdi" and versions.major(facts.docker.server) < 28:
         desired["features"] = {"cdi": True}  # CDI is on by default from Docker 28.3 (docs/recipes.md)
     return desired
 
@@ -149,24 +151,24 @@ def docker_defaults(s: settings_mod.Settings) -> dict:
     return out
 
 
-def gpu_access_signature(p: Plan, facts: dict, daemon: dict) -> str:
+def gpu_access_signature(p: Plan, facts: Facts, daemon: dict) -> str:
     """What decides whether containers keep their GPUs once this run is done: the GPU method,
     Docker's cgroup driver, and the Docker, toolkit and driver versions (a run that rewrites
     other GPU keys of daemon.json forces the probe by itself)."""
-    d = facts["docker"]
+    d = facts.docker
     # exec-opts None in `daemon` removes the key (Docker's default driver); absent leaves it
     exec_opts = (daemon["exec-opts"] or []) if "exec-opts" in daemon else None
-    cgroup = effective_cgroup_driver(exec_opts, d.get("cgroup_driver"), facts.get("cgroup"))
-    return json.dumps({"method": p.gpu_method, "cgroup_driver": cgroup, "docker": d.get("server"),
-                       "toolkit": facts["toolkit"].get("version"), "driver": facts["gpus"].get("driver")},
+    cgroup = effective_cgroup_driver(exec_opts, d.cgroup_driver, facts.cgroup)
+    return json.dumps({"method": p.gpu_method, "cgroup_driver": cgroup, "docker": d.server,
+                       "toolkit": facts.toolkit.version, "driver": facts.gpus.driver},
                       sort_keys=True)
 
 
-def cdi_command(p: Plan, facts: dict) -> str | None:
-    tk = facts["toolkit"]
-    if p.gpu_method != "cdi" or tk.get("cdi_specs"):
+def cdi_command(p: Plan, facts: Facts) -> str | None:
+    tk = facts.toolkit
+    if p.gpu_method != "cdi" or tk.cdi_specs:
         return None
-    if versions.parse(tk.get("version")) >= (1, 18):
+    if versions.parse(tk.version) >= (1, 18):
         # CTK >= 1.18 keeps /var/run/cdi/nvidia.yaml current on driver/toolkit changes and at boot
         return "timeout 120 systemctl enable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service"
     return "timeout 120 nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
@@ -203,17 +205,17 @@ def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list
     return out, absent
 
 
-def host_files(s: settings_mod.Settings, facts: dict) -> FileMap:
+def host_files(s: settings_mod.Settings, facts: Facts) -> FileMap:
     out = {}
     proxy = render.docker_proxy(s)
     if proxy:
         out[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
-    if facts["toolkit"].get("version") and s.nvidia_dev_char_rule:
+    if facts.toolkit.version and s.nvidia_dev_char_rule:
         out[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
     return out
 
 
-def link_source(directory: str, revision: str, on_disk: dict) -> tuple[str, str] | None:
+def link_source(directory: str, revision: str, on_disk: Mapping[str, ModelDir]) -> tuple[str, str] | None:
     """A complete directory of the same repo to hard-link from before downloading `directory`
     (same commit under the old name: nothing to fetch; another commit: only the changed files)."""
     root, name = directory.rsplit("/", 1)
@@ -222,19 +224,19 @@ def link_source(directory: str, revision: str, on_disk: dict) -> tuple[str, str]
     repo = catalog.repo_of_dir(name)
     # names read from disk: only our own `<repo>` or `<repo>@<12 hex>` directories are link sources
     ours = set(shell.own_names(on_disk, rf"{re.escape(repo)}(?:@[0-9a-f]{{12}})?"))
-    same = [(n, m) for n, m in sorted(on_disk.items()) if n in ours and (m or {}).get("complete")]
+    same = [(n, m) for n, m in sorted(on_disk.items()) if n in ours and m.complete]
     # the same commit under the old name first, then the newest-named per-commit directory
-    best = sorted(same, key=lambda nm: (nm[1].get("revision") != revision, "@" not in nm[0]))
-    return (f"{root}/{best[0][0]}", best[0][1].get("revision") or "") if best else None
+    best = sorted(same, key=lambda nm: (nm[1].revision != revision, "@" not in nm[0]))
+    return (f"{root}/{best[0][0]}", best[0][1].revision or "") if best else None
 
 
-def unused_weights(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
+def unused_weights(s: settings_mod.Settings, p: Plan, facts: Facts) -> list[str]:
     """Weights directories of this plan's repos that neither this release nor the one it replaces
     (kept for `nemofleet rollback`) uses: removed after the new release serves. Only directories
     of the same repos are touched; anything else under models_root is the operator's."""
-    root, on_disk = s.models_root, facts.get("models") or {}
+    root, on_disk = s.models_root, facts.models
     keep = {d["dir"].rsplit("/", 1)[1] for d in p.downloads}
-    previous = (facts.get("release") or {}).get("model", "")  # "org/name@commit"
+    previous = (facts.release or {}).get("model", "")  # "org/name@commit"
     if s.weights_keep_revisions > 1 and "@" in previous:
         repo, rev = previous.rsplit("@", 1)
         keep.add(catalog.host_dir_name(repo, rev))
@@ -260,9 +262,9 @@ def seed_sources(s: settings_mod.Settings) -> dict | list | None:
     return peers if several else peers[0]
 
 
-def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: dict) -> list[Download]:
+def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: Facts) -> list[Download]:
     seed = seed_sources(s)
-    on_disk = facts.get("models") or {}
+    on_disk = facts.models
     return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
                      token_file=paths.HF_ENV if secrets.get("hf_token") else None,
                      full_verify=s.weights_verify == "full", seed=seed or None,
@@ -371,12 +373,12 @@ def decide(i: HostInputs) -> Desired:
         d.refusals.append(str(exc))
     runtime = d.daemon_json.get("default-runtime")
     known = {"runc", "io.containerd.runc.v2", *(d.daemon_json.get("runtimes") or {}),
-             *((facts["daemon_json"].get("data") or {}).get("runtimes") or {})}
+             *((facts.daemon_json.data or {}).get("runtimes") or {})}
     if runtime and runtime not in known:
         d.refusals.append(f"docker_default_runtime {runtime!r} is not a runtime dockerd knows here "
                           f"({', '.join(sorted(known))}): dockerd would refuse to start")
-    if facts["daemon_json"]["data"] is None:
-        d.refusals.append(f"/etc/docker/daemon.json is {facts['daemon_json']['error']}; nemofleet leaves it "
+    if facts.daemon_json.data is None:
+        d.refusals.append(f"/etc/docker/daemon.json is {facts.daemon_json.error}; nemofleet leaves it "
                           "untouched: fix or remove it, then re-run")
     if p is not None:
         _secrets_ok(s, dict(i.secrets), d)
@@ -408,7 +410,7 @@ def _plan(i: HostInputs, d: Desired) -> Plan | None:
     return p
 
 
-def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: dict, operator: str) -> None:
+def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict, operator: str) -> None:
     """The state of a host that passed preflight."""
     d.plan = p
     d.host_files = host_files(s, facts)
@@ -423,7 +425,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.image_archive = s.vllm_image_archive or s.vllm_image_archives.get(p.image)
     d.downloads = downloads(s, p, secrets, facts)
     seed = d.downloads[0].seed if d.downloads else None  # every download's sources are the same
-    if seed and any(not (facts.get("models") or {}).get(x.directory.rsplit("/", 1)[-1], {}).get("complete")
+    if seed and any(not (m := facts.models.get(x.directory.rsplit("/", 1)[-1])) or not m.complete
                     for x in d.downloads):
         seeds = seed if isinstance(seed, list) else [seed]
         peers = [x["host"] for x in seeds]
@@ -438,11 +440,11 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
             if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")
     d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
                            gpu_access_signature(p, facts, d.daemon_json), hint)
-    d.gpu_access_record = facts.get("gpu_access")
+    d.gpu_access_record = facts.gpu_access
     d.networks = {f.network: f.create for f in s.frontends}
     # with a front door, frontends reach it and the instances join no frontend network
     frontends = [] if front_door_wanted(s, p) or p.instances[0].group else s.frontends
-    docker_major = versions.major(facts["docker"].get("server"))
+    docker_major = versions.major(facts.docker.server)
     d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s.start_timeout), "0644")
                for i in p.instances}
     d.unit_names = [i.unit for i in p.instances]
@@ -452,7 +454,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     if s.wait_ready:
         d.ready_command = ready_command(p, s.ready_timeout)
     d.release_id = render.release_id(p)
-    d.previous_release = (facts.get("release") or {}).get("id")
+    d.previous_release = (facts.release or {}).get("id")
     d.keep_previous_command = keep_previous_command()
     d.release_files = {paths.RELEASE: (render.release_record(p), "0644")}
     d.audit_command = audit_command(operator, (
@@ -468,7 +470,7 @@ def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: d
     d.health_files = {paths.HEALTH_SCRIPT: (render.health_program(), "0755"),
                       paths.HEALTH_CONFIG: (render.health_config(p, s, d.front_door), "0644"),
                       paths.HEALTH_CRON: (render.health_cron(s), "0644")}
-    d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.get("health")), d.front_door)
+    d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.health), d.front_door)
 
 
 def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
@@ -482,26 +484,26 @@ def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
     return s.front_door if s.front_door is not None else len(p.instances) > 1
 
 
-def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: dict) -> list[str]:
+def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: Facts) -> list[str]:
     port, addr = s.front_door_port, s.front_door_address
     out = []
     if port in {i.host_port for i in p.instances}:
         out.append(f"front_door_port {port} is the port of an instance ({p.instances[0].host_port}-"
                    f"{p.instances[-1].host_port} are taken): choose another")
-    have = {a for addrs in (facts.get("addresses") or {}).values() for a in addrs}
+    have = {a for addrs in facts.addresses.values() for a in addrs}
     if addr and have and addr not in have | {"0.0.0.0", "::"}:
         out.append(f"front_door_address {addr} is not an address of this host ({', '.join(sorted(have))}): "
                    "HAProxy could not listen on it")
     return out
 
 
-def bridge_gateway(facts: dict) -> str | None:
+def bridge_gateway(facts: Facts) -> str | None:
     """Docker's default bridge gateway (docker0): what host-gateway resolves to in containers."""
-    v4 = [a for a in (facts.get("addresses") or {}).get("docker0", []) if ":" not in a]
+    v4 = [a for a in facts.addresses.get("docker0", ()) if ":" not in a]
     return v4[0] if v4 else None
 
 
-def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: dict, secrets: dict) -> None:
+def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> None:
     d.front_door = True
     bridge = bridge_gateway(facts)
     d.front_door_config = render.front_door_config(p, s, bridge)

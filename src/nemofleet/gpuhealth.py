@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
+from .factmodel import FabricManager, Health, part_problem
+from .nvsmi import bus_key
 
 
 class HealthError(ValueError):
@@ -48,42 +49,35 @@ class Admission:
     warnings: list[str] = field(default_factory=list)
 
 
-def read(health) -> dict:
-    """The health part of a host's facts, typed again (a facts file may be written by hand, with
-    nvidia-smi's own "Yes"/"No"); HealthError with one sentence when it cannot be read."""
+@dataclass(frozen=True)
+class Lookup:
+    """What admission works from, derived once from the typed health part: each GPU's row of
+    nvidia-smi values ({query field: typed value}, with uuid and lost), the Xids, resets and boot
+    time keyed by the bus id as an Xid line gives it (nvsmi.bus_key), the fabric manager."""
+    rows: tuple = ()
+    xids: tuple = ()  # ({"code", "bus_id", "time", "text"}, ...)
+    resets: dict = field(default_factory=dict)  # {bus key: unix time}
+    boot_time: int | None = None
+    fabric_manager: FabricManager | None = None
+
+
+def read(health) -> Lookup:
+    """The Lookup of a host's typed health part (factmodel.Health, typed once at the edge). A
+    mapping (a test's, a hand-written fixture's) is typed through the same model; HealthError
+    with its one sentence when it is not of that type."""
     if health is None:
-        return {"gpus": [], "xids": [], "resets": {}, "boot_time": None, "fabric_manager": {}}
-    if not isinstance(health, dict) or not isinstance(health.get("gpus", []), list):
-        raise HealthError("the health facts are not an object with a list of gpus; "
-                          "write them with `pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
-    gpus = []
-    for i, row in enumerate(health.get("gpus") or []):
-        if not isinstance(row, dict):
-            raise HealthError(f"health entry {i} of gpus is not an object of nvidia-smi query fields")
-        out = {"lost": bool(row.get("lost"))}
-        try:
-            for name, value in row.items():
-                if name in HEALTH_FIELDS:
-                    out[name] = typed(name, value, f" of GPU {row.get('index', i)}")
-        except Unreadable as exc:
-            raise HealthError(str(exc)) from None
-        gpus.append(out)
-    xids = []
-    for x in health.get("xids") or []:
-        try:
-            xids.append({"code": int(x["code"]), "bus_id": bus_key(str(x["bus_id"])),
-                         "time": None if x.get("time") is None else float(x["time"]), "text": str(x.get("text", ""))})
-        except (KeyError, TypeError, ValueError):
-            raise HealthError(f"an Xid entry of the health facts is not {{code, bus_id, time}}: {str(x)[:120]}") from None
-    try:
-        resets = {bus_key(str(k)): int(v) for k, v in (health.get("resets") or {}).items()}
-        boot = health.get("boot_time")
-        boot = None if boot is None else int(boot)
-    except (TypeError, ValueError, AttributeError):
-        raise HealthError("the health facts' resets or boot_time are not unix times") from None
-    fm = health.get("fabric_manager") or {}
-    return {"gpus": gpus, "xids": xids, "resets": resets, "boot_time": boot,
-            "fabric_manager": fm if isinstance(fm, dict) else {}}
+        return Lookup()
+    if not isinstance(health, Health):
+        why = part_problem("health", health)
+        if why:
+            raise HealthError(f"the health facts cannot be read: {why}; write them with "
+                              "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
+        health = Health.model_validate(health)
+    return Lookup(rows=tuple({**r.values, "uuid": r.uuid, "lost": r.lost} for r in health.gpus),
+                  xids=tuple({"code": x.code, "bus_id": bus_key(x.bus_id), "time": x.time, "text": x.text or ""}
+                             for x in health.xids),
+                  resets={bus_key(k): v for k, v in health.resets.items()}, boot_time=health.boot_time,
+                  fabric_manager=health.fabric_manager)
 
 
 def _row_of(gpu, rows: list[dict]) -> dict | None:
@@ -97,23 +91,23 @@ def _row_of(gpu, rows: list[dict]) -> dict | None:
     return None
 
 
-def _xids_of(gpu, row: dict | None, h: dict) -> tuple[list[dict], int]:
+def _xids_of(gpu, row: dict | None, h: Lookup) -> tuple[list[dict], int]:
     """(Xid events that count for this GPU: after the boot and its last recorded reset, the
     number of Xid 64 since boot)."""
     bus = getattr(gpu, "bus_id", "") or (row or {}).get("pci.bus_id") or ""
     if not bus:
         return [], 0
     key = bus_key(bus)
-    mine = [x for x in h["xids"] if x["bus_id"] == key]
+    mine = [x for x in h.xids if x["bus_id"] == key]
     # an Xid's time is btime (whole seconds) + seconds since boot, so it can read up to 1 s late:
     # one within a second of a recorded reset is the reset's own
-    reset = h["resets"].get(key)
-    since = max(h["boot_time"] or 0, reset + 1 if reset else 0)
+    reset = h.resets.get(key)
+    since = max(h.boot_time or 0, reset + 1 if reset else 0)
     counting = [x for x in mine if x["time"] is None or x["time"] > since]
     return counting, sum(1 for x in mine if x["code"] == 64)
 
 
-def sickness(gpu, row: dict | None, h: dict) -> str | None:
+def sickness(gpu, row: dict | None, h: Lookup) -> str | None:
     """What was seen and what to do, when this GPU must not serve; None when it may."""
     n = gpu.index
     reset = f"drain it, run nvidia-smi -r -i {n} and record the reset (docs/gpu-health.md), then deploy again"
@@ -173,7 +167,7 @@ def admit(gpus: list, health) -> Admission:
     h = read(health)
     adm = Admission(admitted=[])
     for g in gpus:
-        row = _row_of(g, h["gpus"])
+        row = _row_of(g, h.rows)
         why = sickness(g, row, h)
         if why:
             adm.left_out[g.uuid] = f"GPU {g.index} ({g.uuid}) is left out of the plan: {why}"
@@ -191,16 +185,16 @@ def fabric_refusal(health, driver: str | None) -> str | None:
         h = read(health)
     except HealthError:
         return None  # admit() says it
-    states = [r.get("fabric.state") for r in h["gpus"] if r.get("fabric.state") is not None]
+    states = [r.get("fabric.state") for r in h.rows if r.get("fabric.state") is not None]
     if not states:
         return None
-    fm = h["fabric_manager"]
-    if fm.get("active") != "active":
+    fm = h.fabric_manager or FabricManager()
+    if fm.active != "active":
         return (f"this is an NVSwitch system (fabric.state {states[0]}) but nvidia-fabricmanager is "
-                f"{fm.get('active') or 'not running'}, so CUDA fails with error 802; "
+                f"{fm.active or 'not running'}, so CUDA fails with error 802; "
                 "install nvidia-fabricmanager of the driver's version and systemctl enable --now nvidia-fabricmanager")
-    if driver and fm.get("version") and fm["version"] != driver:
-        return (f"nvidia-fabricmanager {fm['version']} runs with driver {driver} on this NVSwitch system, and the two "
+    if driver and fm.version and fm.version != driver:
+        return (f"nvidia-fabricmanager {fm.version} runs with driver {driver} on this NVSwitch system, and the two "
                 "must be the same version (CUDA fails with error 802); install nvidia-fabricmanager "
                 f"{driver} and restart it")
     return None
@@ -210,9 +204,7 @@ def returning(instances: list, health) -> dict[str, list[str]]:
     """{uuid: [instance names]} of the GPUs the health script drained (their marker is in the
     health fact) that this plan serves on again: the deploy puts those instances back in the
     front door and removes the marker, so a healthy GPU returns at the next deploy."""
-    drained = (health or {}).get("drained") if isinstance(health, dict) else None
-    if not isinstance(drained, dict):
-        return {}
+    drained = health.drained if isinstance(health, Health) else {}
     out: dict[str, list[str]] = {}
     for uuid in sorted(drained):
         names = [i.name for i in instances if uuid in i.gpu_uuids]

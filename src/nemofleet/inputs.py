@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from . import factmodel
 from . import models as catalog
 from . import settings as settings_mod
 from .lockinfo import lock_refusal
@@ -49,14 +50,15 @@ class HostInputs:
     name: str
     data: Mapping  # host data, the model's revision pinned to the resolved commit
     settings: settings_mod.Settings | None  # None when the host data does not parse (see refusals)
-    facts: Mapping
+    facts: factmodel.Facts  # typed at the edge (factmodel.parse): the decision reads attributes only
     secrets: Mapping = field(repr=False)
     groups: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()  # found at the edge: the host is refused before any decision
     warnings: tuple[str, ...] = ()
     operator: str = "root"
     now: float = 0.0
-    peers: Mapping | None = None  # {member: HostFacts} of the other members of its serving group
+    # {member: Facts, or PeerMissing with its sentence} of the other members of its serving group
+    peers: Mapping | None = None
     peer_data: Mapping | None = None  # {member: host data} of the same
 
     @property
@@ -66,10 +68,10 @@ class HostInputs:
 
     @property
     def group_facts(self) -> dict | None:
-        """{member: HostFacts} of the whole serving group, this host included (None outside one)."""
+        """{member: Facts | PeerMissing} of the whole serving group, this host included (None outside one)."""
         if self.settings is None or not self.settings.serving_group:
             return None
-        return {**(self.peers or {}), self.name: dict(self.facts)}
+        return {**(self.peers or {}), self.name: self.facts}
 
 
 def image_of(s) -> str:
@@ -154,7 +156,7 @@ def unique_groups(name: str, groups) -> tuple[str, ...]:
     return tuple(groups)
 
 
-def group_problems(groups, facts: Mapping) -> tuple[list[str], list[str]]:
+def group_problems(groups, facts: factmodel.Facts) -> tuple[list[str], list[str]]:
     """(refusals, warnings) for the inventory groups a host is in. A misspelt class group
     (`gpu_h10`) would silently drop that class's group data; a host listed twice in one group,
     or in two class groups, has two definitions of which pyinfra keeps the last."""
@@ -177,11 +179,11 @@ def group_problems(groups, facts: Mapping) -> tuple[list[str], list[str]]:
     classes = sorted({g for g in groups if g in GPU_CLASS_GROUPS})
     if len(classes) > 1:
         refusals.append(f"this host is in {len(classes)} GPU class groups ({', '.join(classes)}): list it in one")
-    gpus = ((facts or {}).get("gpus") or {}).get("gpus") or []
+    gpus = facts.gpus.gpus
     if len(classes) == 1 and gpus:
         from .gpus import short_name
 
-        have = sorted({short_name(g["name"]) for g in gpus})
+        have = sorted({short_name(g.name) for g in gpus})
         if f"gpu_{have[0].lower()}" != classes[0] or len(have) > 1:
             warnings.append(f"this host is in group {classes[0]} but its GPUs are {', '.join(have)}: "
                             f"group_data/{classes[0]}.py applies to it; move it to its class group")
@@ -301,44 +303,55 @@ def _pin_revision(data: dict, commits: Mapping, refusals: list, warnings: list) 
     return {**data, "model": spec}
 
 
-def make(name: str, data: Mapping, facts: Mapping, secrets: Mapping | None = None, *, groups=(),
+def make(name: str, data: Mapping, facts: Mapping | factmodel.Facts, secrets: Mapping | None = None, *, groups=(),
          lock_token: str | None = None, now: float = 0.0, operator: str = "root",
-         peers: Mapping | None = None, peer_data: Mapping | None = None, command_line=()) -> HostInputs:
-    """The one constructor. `facts` is the host's HostFacts, with `commits` ({(endpoint, repo,
-    revision): {"sha"} | {"error"}}) where a revision was resolved; `lock_token`/`now`: the deploy
+         peers: Mapping | None = None, peer_data: Mapping | None = None, command_line=(),
+         commits: Mapping | None = None) -> HostInputs:
+    """The one constructor. `facts` is the host's HostFacts (parsed here into factmodel.Facts: a
+    part not of its type refuses this host in one sentence); `commits` ({(endpoint, repo,
+    revision): {"sha"} | {"error"}}) where a revision was resolved (also read from a `commits` key
+    of `facts`, as the deploy and `nemofleet plan` hand them over); `lock_token`/`now`: the deploy
     lock this run may hold and the time (a lock in `facts` refuses a run without its token; pass
     facts without `lock` for a read-only plan); `groups`: the host's groups as pyinfra lists them;
-    `command_line`: the keys pyinfra's --data gave (a secret among them refuses the host)."""
+    `peers`: {member: HostFacts} of the other members of its serving group, typed like this
+    host's (a member whose facts do not parse refuses the group, naming it); `command_line`: the
+    keys pyinfra's --data gave (a secret among them refuses the host)."""
     data = dict(data or {})
-    facts = dict(facts or {})
+    if commits is None and isinstance(facts, Mapping):
+        commits = facts.get("commits")
+    commits = dict(commits) if isinstance(commits, Mapping) else {}
+    typed, unreadable = factmodel.parse(facts)
     secrets = typed_secrets(secrets)
     groups = unique_groups(name, groups)
-    refusals, warnings = group_problems(groups, facts)
+    refusals, warnings = group_problems(groups, typed)
     if not isinstance(name, str) or settings_mod.vt.text_problem(name) or not name.strip():
         # the name reaches unit comments, HAProxy configs and messages: one line, printable
         refusals.append(f"the inventory host name {name!r} has a control character (a newline...); rename it")
     refusals += secrets.problems
     # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
     refusals += [why for why in map(settings_mod.command_line_secret, command_line) if why]
-    locked = lock_refusal(facts.get("lock"), lock_token, now)
+    refusals += [f"this host's facts hold a value nemofleet cannot use: {why}" for why in unreadable]
+    locked = lock_refusal(typed.lock, lock_token, now)
     if locked:
         refusals.append(locked)
-    for part, why in sorted((facts.get("errors") or {}).items()):
+    for part, why in sorted(typed.errors.items()):
         refusals.append(f"could not read {part} on this host: {why}")
-    data = _pin_revision(data, facts.get("commits") or {}, refusals, warnings)
+    data = _pin_revision(data, commits, refusals, warnings)
     try:
         s = settings_mod.parse(data)
     except settings_mod.SettingsError as exc:
         s = None
         refusals += exc.problems
-    if s is not None and s.serving_group and facts.get("commits"):
+    if s is not None and s.serving_group and commits:
         # the revision was a branch or tag, resolved by this member alone
         refusals.append(f"serving_group {s.serving_group}: pin the model revision to a 40-hex commit; "
                         "every member must load the same snapshot, and a branch is resolved by each member "
                         "on its own")
     peer_data = {m: v for m, v in (peer_data or {}).items() if m != name} if peer_data is not None else None
-    return HostInputs(name=name, data=MappingProxyType(data), settings=s, facts=MappingProxyType(facts),
+    typed_peers = ({m: factmodel.parse_peer(m, f) for m, f in peers.items() if m != name}
+                   if peers is not None else None)
+    return HostInputs(name=name, data=MappingProxyType(data), settings=s, facts=typed,
                       secrets=MappingProxyType(secrets), groups=groups, refusals=tuple(refusals),
                       warnings=tuple(warnings), operator=operator, now=now,
-                      peers=MappingProxyType(dict(peers)) if peers is not None else None,
+                      peers=MappingProxyType(typed_peers) if typed_peers is not None else None,
                       peer_data=MappingProxyType(peer_data) if peer_data is not None else None)

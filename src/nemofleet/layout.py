@@ -14,6 +14,7 @@ from . import gpus as gpu_table
 from . import memory as mem_model
 from . import models as catalog
 from . import flagtable, recipes, settings, versions, vllm_flags
+from .factmodel import ModelDir
 from .memory import Memory
 from .planmodel import CONTAINER_PORT, GIB, Gpu, MIB, PlanError, TP_SIZES
 
@@ -51,7 +52,7 @@ def parse_settings(data) -> settings.Settings:
         raise PlanError("; ".join(exc.problems)) from None
 
 
-def context(s: settings.Settings, local_meta: dict | None) -> Ctx:
+def context(s: settings.Settings, local_meta: ModelDir | None) -> Ctx:
     try:
         model = catalog.resolve(s.model).with_local_meta(local_meta)
         v = vllm_flags.get(vllm_flags.version_of_image(s.vllm_image))

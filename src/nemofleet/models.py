@@ -87,29 +87,31 @@ class Model:
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
 
-    def with_local_meta(self, meta: dict | None) -> "Model":
-        """Override catalog figures with what the downloaded checkpoint says."""
-        if not meta:
+    def with_local_meta(self, meta) -> "Model":
+        """Override catalog figures with what the downloaded checkpoint says (`meta`: the typed
+        factmodel.ModelDir of its directory, None when there is none)."""
+        if meta is None:
             return self
         changes: dict = {}
-        if meta.get("total_size"):
-            changes["weight_bytes"] = int(meta["total_size"])
-        cfg = meta.get("config") or {}
-        archs = cfg.get("architectures")
-        if archs:
-            changes["architecture"] = archs[0]
-        if cfg.get("max_position_embeddings"):
-            changes["max_context"] = int(cfg["max_position_embeddings"])
-        if cfg.get("num_key_value_heads"):
-            changes["kv_heads"] = int(cfg["num_key_value_heads"])
-        if cfg.get("head_dim"):
-            changes["head_dim"] = int(cfg["head_dim"])
-        pattern = cfg.get("hybrid_override_pattern")
-        if isinstance(pattern, str) and pattern:
+        if meta.total_size:
+            changes["weight_bytes"] = meta.total_size
+        cfg = meta.config
+        if cfg is None:
+            return dataclasses.replace(self, **changes)
+        if cfg.architectures:
+            changes["architecture"] = cfg.architectures[0]
+        if cfg.max_position_embeddings:
+            changes["max_context"] = cfg.max_position_embeddings
+        if cfg.num_key_value_heads:
+            changes["kv_heads"] = cfg.num_key_value_heads
+        if cfg.head_dim:
+            changes["head_dim"] = cfg.head_dim
+        pattern = cfg.hybrid_override_pattern
+        if pattern:
             changes["attention_layers"] = pattern.count("*")
             changes["mamba_layers"] = pattern.count("M")
-        elif cfg.get("num_hidden_layers") and not self.hybrid:
-            changes["attention_layers"] = int(cfg["num_hidden_layers"])
+        elif cfg.num_hidden_layers and not self.hybrid:
+            changes["attention_layers"] = cfg.num_hidden_layers
         return dataclasses.replace(self, **changes)
 
 

@@ -24,6 +24,7 @@ import re
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import vllm_flags
+from .factmodel import Facts, Health, ModelDir, PeerMissing
 from .layout import Ctx, NoFit, fit_layout, memory_for, planned_flags, validate, viable
 from .plan import finish, start
 from .planmodel import GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, gpus_from_facts
@@ -40,8 +41,10 @@ def head_probe(host: str, s, peers: dict | None) -> tuple[str, int] | None:
     members = s.serving_group_members or []
     if not s.serving_group or host not in members or host == members[0]:
         return None
-    head = (peers or {}).get(members[0]) or {}
-    where = member_address(head.get("addresses") or {}, s)
+    head = (peers or {}).get(members[0])
+    if not isinstance(head, Facts):
+        return None
+    where = member_address(head.addresses, s)
     if isinstance(where, str):
         return None
     port = s.serving_group_dp_rpc_port if s.serving_group_parallel == "dp" else s.serving_group_master_port
@@ -82,12 +85,11 @@ def member_address(addresses: dict, s) -> tuple[str, str] | str:
     return f"it has no usable address {where} (interfaces: {', '.join(sorted(addresses))})"
 
 
-def _member_gpus(name: str, facts: dict, s) -> list[Gpu] | str:
-    g = facts.get("gpus") or {}
-    if not g.get("gpus"):
+def _member_gpus(name: str, facts: Facts, s) -> list[Gpu] | str:
+    if not facts.gpus.gpus:
         return "nvidia-smi lists no GPU there"
     try:
-        usable, _ = gpu_table.select(gpus_from_facts(g["gpus"]), s.gpus)
+        usable, _ = gpu_table.select(gpus_from_facts(facts.gpus.gpus), s.gpus)
     except gpu_table.UnsupportedGpu as exc:
         return str(exc)
     return usable or "none of its GPUs is usable (MIG enabled or not selected)"
@@ -99,8 +101,8 @@ def _shape(gpus: list[Gpu]) -> str:
 
 def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
                     cdi_available: bool = False, cgroup_version: int | None = None,
-                    cgroup_driver: str | None = None, local_meta: dict | None = None,
-                    peers: dict | None = None, health: dict | None = None) -> Plan:
+                    cgroup_driver: str | None = None, local_meta: ModelDir | None = None,
+                    peers: dict | None = None, health: Health | None = None) -> Plan:
     """The plan of `host` as a member of its serving group; `peers`: {member: HostFacts} of every
     member (this host included); `health`: its GPU health fact (its admission sentences and warnings
     join the plan's; the group's shape itself comes from every member's GPUs in _member_gpus, where
@@ -131,13 +133,10 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
             problems.append(f"{m} is not part of this run (deploy every member of {name} together: "
                             f"--limit {','.join(members)})")
             continue
-        if f.get("absent"):
-            problems.append(f"{m} {f['absent']}")
+        if isinstance(f, PeerMissing):  # no facts, no answer, or facts not of their types (factmodel)
+            problems.append(f"{m} {f.why}")
             continue
-        if f.get("unreachable"):
-            problems.append(f"{m} did not answer ({f['unreachable']})")
-            continue
-        unread = sorted((f.get("errors") or {}).items())
+        unread = sorted(f.errors.items())
         if unread and m != host:  # this host's own unreadable parts are refused on their own
             problems.append(f"{m}: could not read {unread[0][0]} ({unread[0][1][:160]})")
             continue
@@ -146,7 +145,7 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
             problems.append(f"{m}: {gpus}")
             continue
         shapes[m] = gpus
-        where = member_address(f.get("addresses") or {}, s)
+        where = member_address(f.addresses, s)
         if isinstance(where, str):
             problems.append(f"{m}: {where}")
         else:
@@ -158,20 +157,20 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
     if len(set(labels.values())) > 1:
         raise PlanError(f"serving_group {name} mixes GPUs ({', '.join(f'{m}: {labels[m]}' for m in members)}): "
                         "every member needs the same GPU model and count (one TP size, one memory budget)")
-    drivers = {m: (peers[m].get("gpus") or {}).get("driver") for m in members}
+    drivers = {m: peers[m].gpus.driver for m in members}
     if len(set(drivers.values())) > 1:
         raise PlanError(f"serving_group {name} mixes NVIDIA drivers ({', '.join(f'{m}: {drivers[m]}' for m in members)}): "
                         "NCCL across the group needs one driver and CUDA version on every member")
-    images = {m: ((peers[m].get("image") or {}).get("id") or "") for m in members}
+    images = {m: (peers[m].image.id if peers[m].image is not None else None) or "" for m in members}
     pulled = {i for i in images.values() if i}
     if len(pulled) > 1:
         raise PlanError(f"serving_group {name}: {s.vllm_image} is a different image on "
                         f"{', '.join(m for m in members if images[m] and images[m] != images[head]) or 'a member'} "
                         "than on the head (re-pull it everywhere, or pin the image by digest)")
-    reach = (peers.get(host) or {}).get("head_reach")
-    if reach and reach.get("state") == "silent":
-        raise PlanError(f"serving_group {name}: this host gets no answer from the head {head} at {reach['target']} "
-                        f"within 3 s (a firewall drops it, or there is no route): open TCP {reach['target'].rsplit(':', 1)[1]} "
+    reach = peers[host].head_reach
+    if reach is not None and reach.state == "silent":
+        raise PlanError(f"serving_group {name}: this host gets no answer from the head {head} at {reach.target} "
+                        f"within 3 s (a firewall drops it, or there is no route): open TCP {reach.target.rpartition(':')[2]} "
                         "and NCCL's ports between the members (or set serving_group_interface to the network they share)")
     gpus = shapes[host]
     n_nodes, per_node = len(members), len(gpus)
@@ -240,7 +239,7 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
                      join_timeout=s.serving_group_join_timeout)
     choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
     if reach:
-        choice += f" (reachable from here: {reach['state']})"
+        choice += f" (reachable from here: {reach.state})"
     flags = planned_flags(ctx, arch, tp, seqs, batched, more)
     validate(ctx, flags)
     inst = Instance(name=f"{s.instance_prefix}{name}", gpus=gpus, host_port=s.port_base, tp=tp,
@@ -252,7 +251,7 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
         warnings.append(f"{m.key} fits one host of serving_group {name} ({one_host}): spreading it over "
                         f"{n_nodes} hosts adds inter-node traffic to every token; serve it per host unless "
                         "the group is wanted (longer context, fewer endpoints)")
-    no_rdma = [mb for mb in members if not (peers[mb].get("rdma") or [])]
+    no_rdma = [mb for mb in members if not peers[mb].rdma]
     if no_rdma:
         warnings.append(f"no InfiniBand/RoCE adapter on {', '.join(no_rdma)} (/sys/class/infiniband is empty): "
                         f"NCCL sends serving_group {name}'s traffic over TCP sockets on {addrs[host][0]}, "

@@ -21,6 +21,7 @@ from . import gpuhealth
 from . import gpus as gpu_table
 from . import models as catalog
 from . import settings, vllm_flags
+from .factmodel import Health, ModelDir
 from .memory import Memory
 from .gpuaccess import gpu_access
 from .layout import (Ctx, Layout, NoFit, context, extra_args, fit_layout, memory_for, parse_settings,
@@ -41,7 +42,7 @@ __all__ = ["CONTAINER_PORT", "GIB", "Departure", "Gpu", "GroupRole", "Instance",
 # ---------------------------------------------------------------------------- plan
 
 
-def start(gpus: list[Gpu], data, local_meta: dict | None = None, health: dict | None = None):
+def start(gpus: list[Gpu], data, local_meta: ModelDir | None = None, health: Health | None = None):
     """What every plan starts from, a single host's or a serving group member's
     (multinode.make_group_plan): (settings, context, usable GPUs, warnings, the GPUs selected
     before admission, {uuid: sentence} of those GPU health left out). `health`: the host's GPU
@@ -64,8 +65,8 @@ def start(gpus: list[Gpu], data, local_meta: dict | None = None, health: dict | 
 
 def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
               cdi_available: bool = False, cgroup_version: int | None = None,
-              cgroup_driver: str | None = None, local_meta: dict | None = None,
-              health: dict | None = None) -> Plan:
+              cgroup_driver: str | None = None, local_meta: ModelDir | None = None,
+              health: Health | None = None) -> Plan:
     """Decide what single host `host` serves. `data` is its Settings (host data is parsed). Raises
     PlanError with one sentence on any impossibility. A member of a multi-node serving group is
     planned by multinode.make_group_plan (planning.for_host chooses). `health`: see start()."""

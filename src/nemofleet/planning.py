@@ -7,6 +7,7 @@ decision (desired.decide) and the preflight checks: the import graph points one 
 
 from __future__ import annotations
 
+from . import factmodel
 from . import models as catalog
 from . import multinode, plan, settings, versions
 from .plan import PlanError  # noqa: F401  (callers catch it from here)
@@ -14,21 +15,21 @@ from .plan import PlanError  # noqa: F401  (callers catch it from here)
 MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec
 
 
-def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = None) -> plan.Plan:
-    """The plan for a host from its HostFacts and Settings; `group_facts`: {member: HostFacts} of
-    its whole serving group (this host included) when it is in one. Raises PlanError."""
-    docker, tk = facts["docker"], facts["toolkit"]
+def for_host(host: str, facts: factmodel.Facts, s: settings.Settings, group_facts: dict | None = None) -> plan.Plan:
+    """The plan for a host from its Facts and Settings; `group_facts`: {member: Facts | PeerMissing}
+    of its whole serving group (this host included) when it is in one. Raises PlanError."""
+    docker, tk = facts.docker, facts.toolkit
     make = multinode.make_group_plan if s.serving_group else plan.make_plan
     kw = {"peers": group_facts} if s.serving_group else {}
-    gpus = plan.gpus_from_facts(facts["gpus"]["gpus"])
+    gpus = plan.gpus_from_facts(facts.gpus.gpus)
     try:
         return make(
             host, gpus, s,
             # a CDI spec exists, or the toolkit can generate one (the host configuration does)
-            docker_version=docker.get("server"),
-            cdi_available=bool(tk.get("cdi_specs")) or versions.parse(tk.get("version")) >= MIN_TOOLKIT,
-            cgroup_version=facts.get("cgroup"), cgroup_driver=docker.get("cgroup_driver"),
-            local_meta=checkpoint_meta(facts, s), health=facts.get("health"), **kw,
+            docker_version=docker.server,
+            cdi_available=bool(tk.cdi_specs) or versions.parse(tk.version) >= MIN_TOOLKIT,
+            cgroup_version=facts.cgroup, cgroup_driver=docker.cgroup_driver,
+            local_meta=checkpoint_meta(facts, s), health=facts.health, **kw,
         )
     except plan.PlanError as exc:
         # a refusal counts whole GPUs only: name the ones MIG kept out, or "3x A100" on a 4-GPU
@@ -44,10 +45,10 @@ def for_host(host: str, facts, s: settings.Settings, group_facts: dict | None = 
         raise
 
 
-def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
+def checkpoint_meta(facts: factmodel.Facts, s: settings.Settings) -> factmodel.ModelDir | None:
     """What the checkpoint on the host says of itself (config.json, index), for this commit's
     directory or, before it exists, any directory of the same repo."""
-    models = facts.get("models") or {}
+    models = facts.models
     try:
         model = catalog.resolve(s.model)
     except (catalog.UnknownModel, ValueError, TypeError, KeyError):
@@ -56,4 +57,4 @@ def checkpoint_meta(facts, s: settings.Settings) -> dict | None:
     if same:
         return same
     repo = catalog.local_dir_name(model.repo)
-    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo and meta), None)
+    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo), None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import gpuhealth
+from . import factmodel, gpuhealth
 from . import plan as planner
 from . import planning
 from . import vllm_flags
@@ -39,24 +39,24 @@ class Verdict:
         return not self.refusals and self.plan is not None
 
 
-def summary(facts: dict) -> str:
+def summary(facts: factmodel.Facts) -> str:
     """One line: what this host is (shown by every preflight)."""
-    g = facts["gpus"]
-    if not g["gpus"]:
-        return f"GPUs: none ({g['error'] or 'nvidia-smi lists no GPU'})"
-    first = g["gpus"][0]
-    docker = facts["docker"]
-    return (f"GPUs: {len(g['gpus'])}x {first['name']} {first['memory_mib']} MiB cc {first['cc'] or '?'}, "
-            f"driver {g['driver']} (CUDA {facts.get('cuda') or '?'}), toolkit {facts['toolkit'].get('version') or 'absent'}, "
-            f"Docker {docker.get('server') or ('stopped' if docker.get('installed') else 'absent')}, "
-            f"cgroup v{facts.get('cgroup') or '?'}")
+    g = facts.gpus
+    if not g.gpus:
+        return f"GPUs: none ({g.error or 'nvidia-smi lists no GPU'})"
+    first = g.gpus[0]
+    docker = facts.docker
+    return (f"GPUs: {len(g.gpus)}x {first.name} {first.memory_mib} MiB cc {first.cc or '?'}, "
+            f"driver {g.driver} (CUDA {facts.cuda or '?'}), toolkit {facts.toolkit.version or 'absent'}, "
+            f"Docker {docker.server or ('stopped' if docker.installed else 'absent')}, "
+            f"cgroup v{facts.cgroup or '?'}")
 
 
-def image_cuda(facts: dict, image: str, setting: str | None = None) -> tuple[str | None, str]:
+def image_cuda(facts: factmodel.Facts, image: str, setting: str | None = None) -> tuple[str | None, str]:
     """(the CUDA version the image needs, where it comes from): the image's own
     NVIDIA_REQUIRE_CUDA when it is on the host, else the vllm_image_cuda setting, else
     nemofleet's version table (vllm_flags.VERSIONS, sources there); (None, "") when none says."""
-    env = (facts.get("image") or {}).get("env") or {}
+    env = facts.image.env if facts.image is not None else {}
     m = re.search(r"cuda>=(\d+\.\d+)", env.get("NVIDIA_REQUIRE_CUDA", ""))
     if m:
         return m.group(1), "image"
@@ -66,11 +66,17 @@ def image_cuda(facts: dict, image: str, setting: str | None = None) -> tuple[str
     return (cuda, "table") if cuda else (None, "")
 
 
-def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None) -> Verdict:
+def check(host: str, facts, s: Settings | dict, peers: dict | None = None) -> Verdict:
     """The verdict for one host, composed the way desired.decide composes it (gpu_refusal, the
-    planning.for_host, after_plan); `s` is its Settings (a plain dict of host data is parsed);
-    `peers`: the HostFacts of its serving group's members (multinode.py), if it is in one."""
+    planning.for_host, after_plan); `facts` its Facts (HostFacts' output is parsed); `s` its
+    Settings (a plain dict of host data is parsed); `peers`: the HostFacts of its serving group's
+    members (multinode.py), if it is in one."""
     v = Verdict(plan=None)
+    facts, unreadable = factmodel.parse(facts)
+    if unreadable:
+        v.refusals += unreadable
+        return v
+    peers = {m: factmodel.parse_peer(m, f) for m, f in (peers or {}).items()}
     if not isinstance(s, Settings):
         try:
             s = parse_settings(s)
@@ -94,7 +100,7 @@ def check(host: str, facts: dict, s: Settings | dict, peers: dict | None = None)
     return v
 
 
-def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], list[str]]:
+def after_plan(facts: factmodel.Facts, s: Settings, p: planner.Plan) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of the checks over a host and the plan made for it: driver vs the
     image's CUDA, persistence mode, toolkit and Docker, disk for the weights."""
     refusals: list[str] = []
@@ -109,34 +115,34 @@ def after_plan(facts: dict, s: Settings, p: planner.Plan) -> tuple[list[str], li
     if off:
         warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
                         "jobs); enable nvidia-persistenced")
-    refusals += _runtime_refusals(facts["toolkit"], facts["docker"])
+    refusals += _runtime_refusals(facts.toolkit, facts.docker)
     refusals += _disk_refusals(facts, p, s)
     return refusals, warnings
 
 
-def host_refusal(facts: dict) -> str | None:
+def host_refusal(facts: factmodel.Facts) -> str | None:
     """Before any plan: is there a driver and a GPU (gpu_refusal), and on an NVSwitch system a
     fabric manager of the driver's version (gpuhealth.fabric_refusal: CUDA fails with error 802)?"""
-    return gpu_refusal(facts["gpus"]) or gpuhealth.fabric_refusal(facts.get("health"), facts["gpus"]["driver"])
+    return gpu_refusal(facts.gpus) or gpuhealth.fabric_refusal(facts.health, facts.gpus.driver)
 
 
-def gpu_refusal(g: dict) -> str | None:
+def gpu_refusal(g: factmodel.Gpus) -> str | None:
     """Is there a driver, does nvidia-smi answer, does it list a GPU?"""
-    if not g["smi"]:
+    if not g.smi:
         return ("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
                 "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
                 "nvidia_driver_branch")
-    if g["rc"]:
+    if g.rc:
         hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
                 6: "check that the GPUs are attached to this machine (lspci | grep -i nvidia)",
-                18: "the driver was upgraded without a reboot: reboot the host"}.get(g["rc"], "run nvidia-smi on the host")
-        return f"nvidia-smi failed (exit {g['rc']}: {g['error']}); {hint}"
-    if not g["gpus"]:
+                18: "the driver was upgraded without a reboot: reboot the host"}.get(g.rc, "run nvidia-smi on the host")
+        return f"nvidia-smi failed (exit {g.rc}: {g.error}); {hint}"
+    if not g.gpus:
         return "nvidia-smi lists no GPU; check that the GPUs are attached to this machine"
     return None
 
 
-def _driver_refusals(facts: dict, image: str, setting: str | None = None) -> tuple[list[str], list[str]]:
+def _driver_refusals(facts: factmodel.Facts, image: str, setting: str | None = None) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of the driver against the CUDA the image needs (image_cuda)."""
     need_cuda, source = image_cuda(facts, image, setting)
     if need_cuda is None:
@@ -148,39 +154,39 @@ def _driver_refusals(facts: dict, image: str, setting: str | None = None) -> tup
                         "(not pulled on this host yet); the image's NVIDIA_REQUIRE_CUDA decides once it is, and "
                         "vllm_image_cuda overrides the table")
     need_driver = CUDA_MIN_DRIVER.get(need_cuda)
-    driver = facts["gpus"]["driver"]
+    driver = facts.gpus.driver
     if need_driver and vt(driver) < vt(need_driver):
-        return [f"driver {driver} supports CUDA {facts.get('cuda') or '?'} but {image} needs CUDA {need_cuda} "
+        return [f"driver {driver} supports CUDA {facts.cuda or '?'} but {image} needs CUDA {need_cuda} "
                 f"(driver >= {need_driver}); install the CUDA forward compatibility package (cuda-compat-"
                 f"{need_cuda.replace('.', '-')}, datacenter GPUs) or upgrade the NVIDIA driver and reboot, or pin an "
                 "older image"], warnings
     return [], warnings
 
 
-def _runtime_refusals(tk: dict, docker: dict) -> list[str]:
+def _runtime_refusals(tk: factmodel.Toolkit, docker: factmodel.Docker) -> list[str]:
     out = []
-    if not (tk.get("version") or tk.get("hook")):
+    if not (tk.version or tk.hook):
         out.append("the NVIDIA Container Toolkit is not installed (no nvidia-ctk or nvidia-container-runtime-hook); "
                    "install nvidia-container-toolkit or set install_container_toolkit: true")
-    elif tk.get("version") and vt(tk["version"]) < MIN_TOOLKIT:
-        out.append(f"NVIDIA Container Toolkit {tk['version']} is too old (cgroup v2 needs >= 1.14); upgrade it")
-    if not docker.get("installed"):
+    elif tk.version and vt(tk.version) < MIN_TOOLKIT:
+        out.append(f"NVIDIA Container Toolkit {tk.version} is too old (cgroup v2 needs >= 1.14); upgrade it")
+    if not docker.installed:
         out.append("Docker is not installed; install docker-ce 25+ (or Debian's docker.io) first")
-    elif not docker.get("running"):
+    elif not docker.running:
         out.append("Docker is installed but dockerd is not running; systemctl enable --now docker")
-    elif vt(docker.get("server")) < MIN_DOCKER:
-        out.append(f"Docker {docker['server']} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
+    elif vt(docker.server) < MIN_DOCKER:
+        out.append(f"Docker {docker.server} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
     return out
 
 
-def _disk_refusals(facts: dict, p: planner.Plan, s: Settings) -> list[str]:
-    free = facts.get("disk_free")
+def _disk_refusals(facts: factmodel.Facts, p: planner.Plan, s: Settings) -> list[str]:
+    free = facts.disk_free
     if free is None:
         return []
     present = 0
     for d in p.downloads:
-        meta = (facts.get("models") or {}).get(d["dir"].rsplit("/", 1)[-1]) or {}
-        if meta.get("complete"):
+        meta = facts.models.get(d["dir"].rsplit("/", 1)[-1])
+        if meta is not None and meta.complete:
             present += p.model.weight_bytes if d["repo"] == p.model.repo else 0
     need = int(max(0, p.model.weight_bytes - present) * 1.1)
     if free < need:

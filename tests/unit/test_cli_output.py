@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from nemofleet import cli
+from nemofleet import cli, factmodel
 from test_plan import FLEET, VL, _facts_with, _plan_facts  # the plan-from-facts harness of test_plan
 
 
@@ -84,14 +84,15 @@ def test_the_testbeds_tiny_checkpoint_is_named_where_its_size_drives_the_figures
     from nemofleet.models import host_dir_name
 
     plan = {"repo": "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", "revision": "a" * 40}
-    meta = {"complete": True, "total_size": 3.4 * 1024**3, "config": {"nemofleet_tiny": "base"}}
+    meta = {"complete": True, "total_size": int(3.4 * 1024**3), "config": {"nemofleet_tiny": "base"}}
     facts = {"models": {host_dir_name(plan["repo"], plan["revision"]): meta}}
-    assert cli._tiny_checkpoint(facts, plan) == (
+    typed = lambda f: factmodel.parse(f)[0]  # noqa: E731  as inputs.make hands them to cmd_plan
+    assert cli._tiny_checkpoint(typed(facts), plan) == (
         "the weights on this host are the testbed's tiny checkpoint (3.4 GiB), not "
         "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4: the memory figures use its size")
     meta["config"] = {"architectures": ["NemotronHForCausalLM"]}  # a real checkpoint: nothing said
-    assert cli._tiny_checkpoint(facts, plan) is None
-    assert cli._tiny_checkpoint({"models": "junk"}, plan) is None and cli._tiny_checkpoint(facts, None) is None
+    assert cli._tiny_checkpoint(typed(facts), plan) is None
+    assert cli._tiny_checkpoint(typed({"models": "junk"}), plan) is None and cli._tiny_checkpoint(typed(facts), None) is None
 
 
 def test_plan_facts_without_an_api_key_still_shows_what_it_would_run(tmp_path, monkeypatch):

@@ -62,7 +62,7 @@ PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemof
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
         "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
         "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",
-        "nemofleet.planmodel", "nemofleet.layout", "nemofleet.planprose", "nemofleet.gpuaccess")
+        "nemofleet.planmodel", "nemofleet.layout", "nemofleet.planprose", "nemofleet.gpuaccess", "nemofleet.factmodel")
 
 
 def test_the_decision_modules_import_no_pyinfra_operations_facts_or_fleet():

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from nemofleet import desired, inventory, multinode, plan, preflight, render, settings
+from nemofleet import desired, factmodel, inventory, multinode, plan, preflight, render, settings
 from test_desired import GOLDEN, REV, SECRETS, dump, facts
 
 A100 = dict(name="NVIDIA A100-SXM4-80GB", mib=81920, cc="8.0", driver="570.195.03")
@@ -133,8 +133,8 @@ def test_group_too_small_is_refused_with_figures_and_the_group_that_fits():
      "mixes NVIDIA drivers (a100-1: 570.195.03, a100-2: 580.95.05)"),
     ({"a100-1": member("203.0.113.7"), "a100-2": member("10.0.0.2")}, None,
      "a100-1: its only address on any interface is 203.0.113.7, outside serving_group_network"),
-    ({"a100-1": dict(member("10.0.0.1"), image={"id": "sha256:aaaa", "env": []}),
-      "a100-2": dict(member("10.0.0.2"), image={"id": "sha256:bbbb", "env": []})}, None,
+    ({"a100-1": dict(member("10.0.0.1"), image={"id": "sha256:aaaa", "env": {}}),
+      "a100-2": dict(member("10.0.0.2"), image={"id": "sha256:bbbb", "env": {}})}, None,
      "vllm/vllm-openai:v0.27.1 is a different image on a100-2 than on the head"),
     ({"a100-1": member("10.0.0.1"), "a100-2": dict(member("10.0.0.2"), errors={"gpus": "nvidia-smi did not answer"})},
      None, "a100-2: could not read gpus (nvidia-smi did not answer)"),
@@ -149,9 +149,13 @@ def test_group_refusals_are_one_sentence(ps, data, words):
 
 def test_worker_that_gets_no_answer_from_the_head_is_refused():
     s = settings.parse(group())
-    assert multinode.head_probe("a100-2", s, peers()) == ("10.0.0.1", 29501)
-    assert multinode.head_probe("a100-1", s, peers()) is None  # the head probes nobody
-    assert multinode.head_probe("a100-2", settings.parse(group(serving_group_parallel="dp")), peers()) == ("10.0.0.1", 13345)
+    # the members' facts typed as the deploy hands them over (factmodel.parse_peer)
+    typed = {m: factmodel.parse_peer(m, f) for m, f in peers().items()}
+    assert multinode.head_probe("a100-2", s, typed) == ("10.0.0.1", 29501)
+    assert multinode.head_probe("a100-1", s, typed) is None  # the head probes nobody
+    assert multinode.head_probe("a100-2", settings.parse(group(serving_group_parallel="dp")), typed) == ("10.0.0.1", 13345)
+    unreadable = dict(typed, **{"a100-1": factmodel.parse_peer("a100-1", dict(peers()["a100-1"], addresses=[1]))})
+    assert multinode.head_probe("a100-2", s, unreadable) is None  # the plan refuses it, naming a100-1
     ps = peers()
     ps["a100-2"]["head_reach"] = {"target": "10.0.0.1:29501", "state": "silent"}
     why = refusal("a100-2", None, ps)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import memory, recipes, settings, vllm_flags
+from nemofleet import factmodel, memory, recipes, settings, vllm_flags
 from nemofleet.models import CATALOG
 from nemofleet.plan import GIB, Gpu, PlanError, make_plan
 from nemofleet.plantext import gpu_ranges, table
@@ -170,7 +170,8 @@ def test_dflash_mounts_and_downloads_the_draft():
 
 
 def test_local_meta_overrides_catalog():
-    p = make_plan("h", PROFILES["h200-1"], {}, local_meta={"total_size": 1000, "config": {"hybrid_override_pattern": "M*M*"}})
+    meta = factmodel.ModelDir.model_validate({"total_size": 1000, "config": {"hybrid_override_pattern": "M*M*"}})
+    p = make_plan("h", PROFILES["h200-1"], {}, local_meta=meta)
     assert p.model.weight_bytes == 1000 and p.model.attention_layers == 2
 
 
@@ -776,8 +777,13 @@ def test_generated_tables_cover_the_real_parsers():
 def test_image_cuda_from_the_image_the_setting_or_the_table_with_a_warning():
     from nemofleet import preflight
 
-    facts = {"gpus": {"driver": "570.133.20"}, "image": {}}
-    assert preflight.image_cuda({"image": {"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=12.9 brand=tesla"}}},
+    def typed(f):  # the facts as the edge hands them to preflight (factmodel.parse)
+        out, problems = factmodel.parse(f)
+        assert not problems, problems
+        return out
+
+    facts = typed({"gpus": {"driver": "570.133.20", "gpus": []}, "image": {}})
+    assert preflight.image_cuda(typed({"image": {"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=12.9 brand=tesla"}}}),
                                 "vllm/vllm-openai:v0.32.0", "13.0") == ("12.9", "image")
     assert preflight.image_cuda(facts, "vllm/vllm-openai:v0.32.0", "12.8") == ("12.8", "setting")
     refused, warned = preflight._driver_refusals(facts, "vllm/vllm-openai:v0.32.0")

@@ -3,7 +3,7 @@ import copy
 import json
 from pathlib import Path
 
-from nemofleet import preflight
+from nemofleet import factmodel, preflight
 
 H200 = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200" / "hostfacts.json").read_text())
 DATA = {"vllm_api_key": "sk-test-0123456789"}
@@ -21,7 +21,7 @@ def test_real_h200_refused_because_docker_and_toolkit_are_absent():
     assert v.plan is not None and v.plan.instances[0].gpus[0].name == "NVIDIA H200"
     assert any("Docker is not installed" in r for r in v.refusals)
     assert any("NVIDIA Container Toolkit is not installed" in r for r in v.refusals)
-    assert "1x NVIDIA H200 143771 MiB cc 9.0, driver 580.159.04 (CUDA 13.0)" in preflight.summary(H200)
+    assert "1x NVIDIA H200 143771 MiB cc 9.0, driver 580.159.04 (CUDA 13.0)" in preflight.summary(factmodel.parse(H200)[0])
 
 
 def test_ready_h200_passes():
@@ -51,7 +51,7 @@ def test_mig_refused_persistence_warned():
     assert any("MIG is enabled on GPU 0" in s for s in v.refusals)  # the only GPU: nothing to plan
     # two GPUs, MIG on GPU 0: GPU 0 is left out with a warning, GPU 1 serves and is warned about
     f = ready()
-    second = dict(f["gpus"]["gpus"][0], index=1, uuid="GPU-second", persistence="Disabled")
+    second = dict(f["gpus"]["gpus"][0], index=1, uuid="GPU-5ec0d000-0000-4000-8000-000000000001", persistence="Disabled")
     f["gpus"]["gpus"][0].update(mig="Enabled")
     f["gpus"]["gpus"].append(second)
     v = preflight.check("h", f, DATA)

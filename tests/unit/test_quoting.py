@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import desired, paths, render, settings, shell
+from nemofleet import desired, factmodel, paths, render, settings, shell
 from nemofleet.operations import atomic_put, weights
 from opharness import readable
 from test_desired import REV, SECRETS, facts
@@ -227,7 +227,11 @@ def test_haproxy_refusal_prints_a_host_name_with_percent_and_quotes_as_text(tmp_
 
 def test_link_source_is_one_of_our_own_directories():
     repo = "nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4"
-    on_disk = {f"{repo}@$(touch x)": {"complete": True, "revision": REV}, f"{repo}@*": {"complete": True},
-               f"{repo}@aaaaaaaaaaaa": {"complete": True, "revision": "a" * 40}}
+    def typed(dirs):  # the models part as the edge types it (factmodel.Facts.models); names are kept as read
+        return factmodel.parse({"models": dirs})[0].models
+
+    on_disk = typed({f"{repo}@$(touch x)": {"complete": True, "revision": REV}, f"{repo}@*": {"complete": True},
+                     f"{repo}@aaaaaaaaaaaa": {"complete": True, "revision": "a" * 40}})
+    assert len(on_disk) == 3
     assert desired.link_source(f"/m/{repo}@0123456789ab", REV, on_disk) == (f"/m/{repo}@aaaaaaaaaaaa", "a" * 40)
-    assert desired.link_source(f"/m/{repo}@0123456789ab", REV, {f"{repo}@$(x)": {"complete": True}}) is None
+    assert desired.link_source(f"/m/{repo}@0123456789ab", REV, typed({f"{repo}@$(x)": {"complete": True}})) is None

@@ -1,0 +1,480 @@
+"""The typed facts of a host: every HostFacts part the decision reads, declared once as a model.
+
+A host's facts arrive as JSON-shaped data (HostFacts' output, a facts file, a serving group
+member's facts). They are parsed here, once, at the edge (inputs.make, the one gatherer) into a
+frozen `Facts`; after that the decision (desired, planning, preflight, gpuhealth, multinode) reads
+attributes of typed objects and never a raw value. A part that is not of its type refuses that
+host alone, in one sentence naming the place (`part_problem`): never a traceback, never another
+host.
+
+Each model's fields say their range with metadata the sentence walker reads (`Int(min, max)`,
+`Check(problem)`, `TEXT`, `Keys(problem)`); a plain `str` is one line of at most MAX_TEXT printable
+characters, since facts are echoed into sentences, units and files; numbers are finite; int and
+float never take a bool. `PARTS` (what facts/schema.py exports and a facts file must hold) is
+derived from the models, so the type a part is checked against and the type the decision reads
+are the same declaration.
+
+Layer: pure (no pyinfra, nothing from facts/, operations/ or fleet/): facts/schema.py and
+facts/host.py below it use it to check what a fact printed; inputs.py builds `Facts` with it.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Mapping, Union
+
+import pydantic
+
+from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
+from .valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number, shown
+
+MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
+MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
+UNIX_MAX = 2**40  # a unix time (year 36812): beyond is no time a host can have
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+# ---------------------------------------------------------------------------- the spec markers
+# What a value must be, as the sentence walker (_problem) reads it. Models say it through
+# Annotated metadata; PARTS holds the spec of each part, derived from its model.
+
+@dataclass(frozen=True)
+class Opt:
+    spec: object  # or null
+
+
+@dataclass(frozen=True)
+class List:
+    spec: object
+
+
+@dataclass(frozen=True)
+class Map:
+    spec: object
+    key: object = None  # a Check for the keys (None: any one-line string)
+
+
+@dataclass(frozen=True)
+class Int:
+    minimum: int = 0
+    maximum: int = INT_MAX
+
+
+@dataclass(frozen=True)
+class Obj:
+    fields: dict  # {"key" | "?key" (optional): spec}; other keys are allowed and ignored
+
+
+@dataclass(frozen=True)
+class Check:
+    """A string of a constrained type: `problem(value)` is None or the sentence's tail
+    (valuetypes' *_problem functions: a GPU UUID, a PCI bus id, an address)."""
+    problem: object
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Annotated metadata on a Mapping field: the keys' own type (a Check's problem)."""
+    problem: object
+
+
+ANY = object()  # any JSON value (daemon.json's content, the lock's info: typed where they are read)
+TEXT = object()  # a file's text or an error message: line breaks allowed, bounded by MAX_FILE
+
+_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
+          list: "a list"}
+
+
+def _problem(value, spec, where: str) -> str | None:
+    if spec is ANY:
+        return None
+    if spec is TEXT:
+        if not isinstance(value, str):
+            return f"{where} is {shown(value)}, not a string"
+        return f"{where} is {len(value)} characters long, more than {MAX_FILE}" if len(value) > MAX_FILE else None
+    if isinstance(spec, Opt):
+        return None if value is None else _problem(value, spec.spec, where)
+    if isinstance(spec, Check):
+        why = spec.problem(value)
+        return f"{where} {why}" if why else None
+    if isinstance(spec, Int):
+        if isinstance(value, bool) or not isinstance(value, int) or not spec.minimum <= value <= spec.maximum:
+            return f"{where} is {shown(value)}, not an integer from {spec.minimum} to {spec.maximum}"
+        return None
+    if isinstance(spec, List):
+        if not isinstance(value, (list, tuple)):
+            return f"{where} is {shown(value)}, not a list"
+        for n, item in enumerate(value):
+            why = _problem(item, spec.spec, f"{where}[{n}]")
+            if why:
+                return why
+        return None
+    if isinstance(spec, Map):
+        if not isinstance(value, Mapping):
+            return f"{where} is {shown(value)}, not a mapping"
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where} has a key {shown(k)} that is not a string"
+            if spec.key is not None and spec.key.problem(k):
+                return f"{where} has a key {spec.key.problem(k)}"
+            if len(k) > MAX_TEXT or _CONTROL.search(k):
+                return f"{where} has a key {shown(k)} with a control character or of more than {MAX_TEXT} characters"
+            why = _problem(v, spec.spec, f"{where}[{shown(k)}]")
+            if why:
+                return why
+        return None
+    if isinstance(spec, Obj):
+        if not isinstance(value, Mapping):
+            return f"{where} is {shown(value)}, not a mapping"
+        for key, sub in spec.fields.items():
+            optional = key.startswith("?")
+            key = key.lstrip("?")
+            if key not in value:
+                if optional:
+                    continue
+                return f"{where} has no {key}"
+            why = _problem(value[key], sub, f"{where}.{key}")
+            if why:
+                return why
+        return None
+    if spec is float:
+        return None if is_number(value) else f"{where} is {shown(value)}, not a finite number"
+    if spec is int:
+        return _problem(value, Int(-INT_MAX, INT_MAX), where)
+    if spec is dict:
+        return None if isinstance(value, Mapping) else f"{where} is {shown(value)}, not a mapping"
+    if isinstance(value, bool) and spec is not bool or not isinstance(value, spec):
+        return f"{where} is {shown(value)}, not {_NAMES.get(spec, getattr(spec, '__name__', spec))}"
+    if spec is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
+        return (f"{where} is {shown(value)}, not one line of at most {MAX_TEXT} printable characters "
+                "(a line break or another control character, or too long)")
+    return None
+
+
+# ---------------------------------------------------------------------------- the models
+
+
+class _Fact(pydantic.BaseModel):
+    # frozen: read, never changed; other keys a fact prints are ignored (a newer nemofleet's facts
+    # file plans with an older one); built only from values _problem passed (Facts.parse)
+    model_config = pydantic.ConfigDict(frozen=True, extra="ignore")
+
+
+Uuid = Annotated[str, Check(gpu_uuid_problem)]
+BusId = Annotated[str, Check(bus_id_problem)]
+Address = Annotated[str, Check(fact_ip_problem)]
+
+
+def _xid_bus_problem(value) -> str | None:
+    """A bus id as a kernel Xid line gives it (0000:07:00, nvsmi.bus_key)."""
+    return None if isinstance(value, str) and _XID_BUS.fullmatch(value) else f"{shown(value)} is not a PCI bus id"
+
+
+_XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")
+XidBus = Annotated[str, Check(_xid_bus_problem)]
+UnixTime = Annotated[int, Int(0, UNIX_MAX)]
+
+
+class Gpu(_Fact):
+    """One GPU as nvidia-smi lists it; the uuid and bus id reach `docker run --gpus device=...`,
+    unit files and commands."""
+    index: Annotated[int, Int(0, 1023)]
+    uuid: Uuid
+    name: str
+    memory_mib: Annotated[int, Int(1, 2**31)]
+    cc: str | None = None
+    bus_id: BusId | None = None
+    mig: str | None = None
+    persistence: str | None = None
+    driver: str | None = None
+    # the GPU shares the system memory (GB10, Jetson Thor): memory_mib is MemTotal (facts/gpu.py)
+    unified: bool = False
+
+
+class Gpus(_Fact):
+    """nvidia-smi's answer: whether it is installed, its exit code and error, the driver, the GPUs."""
+    smi: bool = False
+    rc: int | None = None
+    error: Annotated[str, TEXT] | None = None
+    driver: str | None
+    gpus: tuple[Gpu, ...]
+
+
+class Toolkit(_Fact):
+    version: str | None = None
+    hook: bool = False
+    runtime: bool = False
+    cdi_specs: tuple[str, ...] = ()
+    cdi_refresh: bool = False
+
+
+class Docker(_Fact):
+    installed: bool = False
+    running: bool = False
+    server: str | None = None
+    cgroup_driver: str | None = None
+    cgroup_version: int | None = None
+    default_runtime: str | None = None
+    runtimes: tuple[str, ...] = ()
+
+
+class DaemonJson(_Fact):
+    """/etc/docker/daemon.json as read: `data` is its JSON object, None when it is not one (`error` says why)."""
+    exists: bool = False
+    text: Annotated[str, TEXT] = ""
+    data: dict | None
+    error: Annotated[str, TEXT] | None = None
+
+
+class CheckpointConfig(_Fact):
+    """The config.json fields the plan reads (ModelsOnDisk keeps only these): numbers are numbers."""
+    architectures: tuple[str, ...] = ()
+    max_position_embeddings: Annotated[int, Int(1, 2**31)] | None = None
+    num_key_value_heads: Annotated[int, Int(1, 65536)] | None = None
+    head_dim: Annotated[int, Int(1, 65536)] | None = None
+    hybrid_override_pattern: str | None = None
+    num_hidden_layers: Annotated[int, Int(1, 65536)] | None = None
+    num_nextn_predict_layers: Annotated[int, Int(0, 65536)] | None = None
+    nemofleet_tiny: str | None = None  # the testbed's tiny stand-in checkpoint's label (tinymodel)
+
+
+class MarkerOk(_Fact):
+    """The weights check's marker fast path, done by ModelsOnDisk (facts/weights.py)."""
+    present_bytes: Annotated[int, Int(0, 10**15)]
+    total_size: Annotated[int, Int(0, 10**15)] | None
+    incomplete_files: Annotated[int, Int(0, 10**9)]
+
+
+class ModelDir(_Fact):
+    """One weights directory under models_root."""
+    total_size: Annotated[int, Int(0, 10**15)] | None = None
+    config: CheckpointConfig | None = None
+    complete: bool = False
+    revision: str | None = None
+    marker_ok: MarkerOk | None = None
+
+
+class Image(_Fact):
+    id: str | None = None
+    env: Mapping[str, str] = {}
+
+
+class Xid(_Fact):
+    code: Annotated[int, Int(0, 10**6)]
+    bus_id: XidBus
+    uptime: float | None = None
+    time: float | None = None
+    text: str | None = None
+
+
+class Drained(_Fact):
+    """A GPU the health script drained (its marker under /var/lib/nemofleet/health)."""
+    since: UnixTime
+    index: Annotated[int, Int(0, 1023)]
+    reason: str | None = None
+
+
+class FabricManager(_Fact):
+    version: str | None = None
+    active: str | None = None
+
+
+class HealthGpu(_Fact):
+    """One GPU's health row: nvidia-smi's query fields (nvsmi.HEALTH_FIELDS), each typed by
+    nvsmi.typed when the facts are parsed (a facts file may hold nvidia-smi's own "Yes", "[N/A]")."""
+    uuid: Uuid
+    lost: bool = False
+    values: Mapping[str, Any] = {}  # {query field: typed value}; `value(name)` reads one
+
+    def value(self, name: str):
+        return self.values.get(name)
+
+
+class Health(_Fact):
+    """The GPU health fact (facts/gpuhealth.py; docs/gpu-health.md)."""
+    gpus: tuple[HealthGpu, ...] = ()
+    refused_fields: tuple[str, ...] = ()
+    xids: tuple[Xid, ...] = ()
+    resets: Annotated[Mapping[str, UnixTime], Keys(_xid_bus_problem)] = {}
+    drained: Annotated[Mapping[str, Drained], Keys(gpu_uuid_problem)] = {}
+    fabric_manager: FabricManager | None = None
+    error: Annotated[str, TEXT] | None = None
+    boot_time: UnixTime | None = None
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _typed_rows(cls, value):
+        # each row's nvidia-smi values typed once, here (nvsmi.typed raises Unreadable: one sentence)
+        if isinstance(value, Mapping) and isinstance(value.get("gpus"), (list, tuple)):
+            rows = []
+            for i, row in enumerate(value["gpus"]):
+                if isinstance(row, HealthGpu) or not isinstance(row, Mapping):
+                    rows.append(row)
+                    continue
+                where = f" of GPU {row.get('index', i)}"
+                values = {n: typed(n, v, where) for n, v in row.items() if n in HEALTH_FIELDS}
+                rows.append({"uuid": row.get("uuid"), "lost": bool(row.get("lost")), "values": values})
+            value = {**value, "gpus": rows}
+        return value
+
+
+class HeadReach(_Fact):
+    """A serving group worker's probe of its head's rendezvous port (deploy.host_inputs)."""
+    target: str  # "address:port", one line
+    state: str | None = None  # TcpReach: open, refused, silent; None when its answer was not one of them
+
+
+# the HostFacts parts, by the key HostFacts writes them under, with the model or type of each
+# and the value a part has when it is absent (a facts file written before the part existed)
+class Facts(_Fact):
+    """A host's whole facts: what every decision about the host reads."""
+    gpus: Gpus = Gpus(smi=False, error="nvidia-smi not found", driver=None, gpus=())
+    cuda: str | None = None
+    toolkit: Toolkit = Toolkit()
+    docker: Docker = Docker()
+    daemon_json: DaemonJson = DaemonJson(exists=True, data=None, error="daemon.json is empty")
+    cgroup: Annotated[int, Int(1, 2)] | None = None
+    os: Mapping[str, str] = {}
+    disk_free: Annotated[int, Int(0, 2**62)] | None = None
+    models: Mapping[str, ModelDir] = {}
+    image: Image | None = None
+    release: Mapping[str, str] | None = None
+    gpu_access: str | None = None
+    lock: dict | None = None  # the lock's info file, typed where it is read (lockinfo)
+    # a serving group's head address reaches every worker's unit: typed here, before any decision
+    addresses: Annotated[Mapping[str, tuple[Address, ...]], Keys(interface_problem)] = {}
+    rdma: tuple[str, ...] = ()
+    health: Health = Health()
+    # not parts of the host's output: {part: sentence} of the parts HostFacts could not read, and
+    # a worker's probe of its head
+    errors: Mapping[str, str] = {}
+    head_reach: HeadReach | None = None
+
+    @property
+    def gpu_list(self) -> tuple[Gpu, ...]:
+        return self.gpus.gpus
+
+
+class PeerMissing(_Fact):
+    """A serving group member whose facts cannot be planned with: `why` ends the sentence
+    "<member> ..." (has no facts, did not answer, has facts nemofleet cannot read)."""
+    why: str
+
+
+# ---------------------------------------------------------------------------- specs from the models
+
+
+def _spec(tp, metadata=()) -> object:
+    for m in metadata:
+        if isinstance(m, (Int, Check)) or m is TEXT or m is ANY:
+            return m
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return _spec(args[0], tp.__metadata__)
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return Opt(_spec(rest[0])) if len(rest) == 1 else ANY
+    if origin is tuple:
+        return List(_spec(args[0]))
+    if origin in (dict, Mapping) or origin is typing.get_origin(Mapping[str, str]):
+        key = next((Check(m.problem) for m in metadata if isinstance(m, Keys)), None)
+        return Map(_spec(args[1]), key=key)
+    if isinstance(tp, type) and issubclass(tp, _Fact):
+        return _obj(tp)
+    if tp is Any:
+        return ANY
+    return tp
+
+
+def _obj(model: type[_Fact]) -> Obj:
+    fields = {}
+    for name, f in model.model_fields.items():
+        if model is HealthGpu and name == "values":
+            continue  # typed by Health's validator from the row's own nvidia-smi fields
+        fields[("" if f.is_required() else "?") + name] = _spec(f.annotation, f.metadata)
+    return Obj(fields)
+
+
+# the HostFacts parts: the host's own output (errors and head_reach are added beside it)
+PARTS = {name: _spec(f.annotation, f.metadata) for name, f in Facts.model_fields.items()
+         if name not in ("errors", "head_reach")}
+# a health row: its uuid typed, every other field typed by nvsmi.typed (the validator above)
+PARTS["health"].fields["?gpus"] = List(Obj({"uuid": Check(gpu_uuid_problem)}))
+ERRORS = Map(str)  # not a part: what HostFacts.process adds, {part: sentence} of the parts it could not read
+
+
+def part_problem(key: str, value) -> str | None:
+    """One sentence when `value` is not of HostFacts part `key`'s type (None when it is)."""
+    spec = ERRORS if key == "errors" else PARTS.get(key)
+    if spec is None:
+        return None
+    why = _problem(value, spec, key)
+    if why is None and key == "health":
+        try:  # the rows' nvidia-smi values
+            Health.model_validate(value)
+        except Unreadable as exc:
+            return str(exc)
+        except pydantic.ValidationError as exc:
+            return _first_error(exc, key)
+    return why
+
+
+def _first_error(exc: pydantic.ValidationError, key: str) -> str:
+    err = exc.errors()[0]
+    inner = err.get("ctx", {}).get("error")
+    if isinstance(inner, Unreadable):
+        return str(inner)
+    return f"{key}.{'.'.join(map(str, err['loc']))} {err['msg'].lower()}"
+
+
+class FactsError(ValueError):
+    """One sentence: a part of a host's facts is not of its type."""
+
+
+def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
+    """(the typed facts, one sentence per part that is not of its type). A bad part is replaced
+    by its default and named, so the host is refused in that sentence and nothing else reads it;
+    a missing part has its default."""
+    if isinstance(facts, Facts):
+        return facts, []
+    if not isinstance(facts, Mapping):
+        return Facts(), [f"the host's facts are {shown(facts)}, not an object of HostFacts parts"]
+    good, problems = {}, []
+    for key in Facts.model_fields:
+        if key not in facts:
+            continue
+        value = facts[key]
+        why = part_problem(key, value) if key not in ("head_reach",) else _problem(value, Opt(_obj(HeadReach)), key)
+        if why is None:
+            try:
+                Facts.model_validate({key: value})
+            except (pydantic.ValidationError, Unreadable, ValueError, TypeError) as exc:
+                why = _first_error(exc, key) if isinstance(exc, pydantic.ValidationError) else str(exc)
+        if why:
+            problems.append(why)
+            continue
+        good[key] = value
+    try:
+        return Facts.model_validate(good), problems
+    except (pydantic.ValidationError, Unreadable, ValueError, TypeError) as exc:  # not reached: parts passed alone
+        return Facts(), problems + [str(exc).splitlines()[0][:300]]
+
+
+def parse_peer(member: str, facts) -> Facts | PeerMissing:
+    """A serving group member's facts, typed like a host's own; a member whose facts do not parse
+    is PeerMissing with the sentence (it refuses the group, naming the member)."""
+    if isinstance(facts, (Facts, PeerMissing)):
+        return facts
+    if facts is None:
+        return PeerMissing(why="has no facts (unreachable, or not in the facts file)")
+    if isinstance(facts, Mapping) and set(facts) <= {"absent", "unreachable"} and facts:
+        if isinstance(facts.get("absent"), str):
+            return PeerMissing(why=facts["absent"][:300])
+        return PeerMissing(why=f"did not answer ({str(facts.get('unreachable'))[:200]})")
+    typed_facts, problems = parse(facts)
+    if problems:
+        return PeerMissing(why=f"has facts nemofleet cannot read ({problems[0][:200]})")
+    return typed_facts
