@@ -95,6 +95,16 @@ def test_the_testbeds_tiny_checkpoint_is_named_where_its_size_drives_the_figures
     assert cli._tiny_checkpoint(typed({"models": "junk"}), plan) is None and cli._tiny_checkpoint(typed(facts), None) is None
 
 
+def test_the_hosts_weights_check_keeps_the_tiny_checkpoints_mark(tmp_path):
+    """What the note reads reaches the facts: models_on_disk keeps config.json's nemofleet_tiny."""
+    import json as _json
+
+    from nemofleet.remote import models_on_disk
+
+    (tmp_path / "config.json").write_text(_json.dumps({"architectures": ["X"], "nemofleet_tiny": "base"}))
+    assert models_on_disk.describe(str(tmp_path))["config"] == {"architectures": ["X"], "nemofleet_tiny": "base"}
+
+
 def test_plan_facts_without_an_api_key_still_shows_what_it_would_run(tmp_path, monkeypatch):
     """The offline preview (before the secrets exist on this controller): the missing key is one
     refusal line, and the instances, flags and memory are shown all the same."""
