@@ -314,7 +314,9 @@ class Health(_Fact):
                 if isinstance(row, HealthGpu) or not isinstance(row, Mapping):
                     rows.append(row)
                     continue
-                where = f" of GPU {row.get('index', i)}"
+                index = row.get("index")  # nvidia-smi's index when it is one, else the row's place
+                index = index if type(index) is int and 0 <= index < 1024 else i
+                where = f" of GPU {index} in the health facts"
                 values = {n: typed(n, v, where) for n, v in row.items() if n in HEALTH_FIELDS}
                 rows.append({"uuid": row.get("uuid"), "lost": bool(row.get("lost")), "values": values})
             value = {**value, "gpus": rows}

@@ -9,7 +9,10 @@ very long text), and each case goes through both paths a user has:
   alone, never the fleet);
 - the deploy's decision, `desired.decide(inputs.make(...))` over the facts as HostFacts hands them
   to it (a part that fails its declared type replaced by the part's default and named in
-  `errors`, facts/host.read_part): never raises, and a refusal is one line.
+  `errors`, facts/host.read_part): never raises, and a refusal is one line;
+- the same facts as they are, into the one gatherer (inputs.make parses them into factmodel.Facts,
+  as it does a facts-file entry or a serving group member's facts): a part not of its type
+  refuses that host in one sentence naming the part.
 
 Values that can never be right are refused at the edge whatever the key: NaN, infinities, a
 number with thousands of digits, a NUL or a line break in a one-line value, a lone surrogate
@@ -25,7 +28,7 @@ import math
 
 import pytest
 
-from nemofleet import cli, desired, inputs, settings
+from nemofleet import cli, desired, factmodel, inputs, settings
 from nemofleet.facts import schema
 from nemofleet.facts.host import HostFacts
 from test_plan import FIXTURES
@@ -132,6 +135,20 @@ def _decide(name: str, data: dict, facts: dict):
     return d
 
 
+def _decide_raw(name: str, facts: dict, path: tuple) -> None:
+    """The same facts handed to the one gatherer as they are (a facts-file entry, a serving group
+    member's facts: inputs.make types them, factmodel.parse): a part not of its type refuses this
+    host in one sentence naming the part; as a member's facts, the member is missing with one line."""
+    d = _decide(name, DATA, facts)
+    part = path[0]
+    if schema.part_problem(part, facts[part]):
+        said = [r for r in d.refusals if r.startswith("this host's facts hold a value nemofleet cannot use: ")]
+        assert said and part in said[0] and d.plan is None, (path, d.refusals)
+    peer = factmodel.parse_peer(name, facts)
+    if isinstance(peer, factmodel.PeerMissing):
+        assert "\n" not in peer.why and len(peer.why) < 400, peer.why
+
+
 def _base_facts() -> dict:
     f = json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())
     uuid = f["gpus"]["gpus"][0]["uuid"]
@@ -221,6 +238,7 @@ def test_every_facts_part_with_every_hostile_value(part, tmp_path, monkeypatch):
             n += 1
             hosts[name] = (facts, DATA)
             _decide(name, DATA, _as_deploy_sees(facts))
+            _decide_raw(name, facts, path)
     _check_plan_run(*_plan(tmp_path, monkeypatch, hosts), [h for h in hosts if h != CLEAN])
 
 
