@@ -118,7 +118,8 @@ def cmd_plan(a) -> int:
     if not a.facts:
         commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: inputs.to_resolve(d) for h, d in datas.items()
                                                                        if h in facts})[0] or {}
-        facts = {h: dict(f, commits=commits[h]) if h in commits and isinstance(f, dict) else f for h, f in facts.items()}
+    else:
+        commits = {}  # a facts file: no host to ask, a revision is planned as it is named
     result, rc = {}, 0
     fan, fan_lines = _plan_fanout(datas, facts, groups)
     for name, data in datas.items():
@@ -136,7 +137,7 @@ def cmd_plan(a) -> int:
         peer_data = {m: datas[m] for m in members if m in datas and m != name} if members else None
         try:
             i = inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
-                            operator=driver.operator(), peers=peers, peer_data=peer_data)
+                            operator=driver.operator(), peers=peers, peer_data=peer_data, commits=commits.get(name))
             d = decide(i)
         except Exception as exc:  # a shape no parser caught: this host only, never the fleet
             result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "

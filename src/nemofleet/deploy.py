@@ -112,8 +112,8 @@ def host_inputs() -> HostInputs:
     d = with_fanout(data())
     facts = _host_facts(host, d, own=True)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
-    facts["commits"] = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
-                        for e, r, v in inputs.to_resolve(d)}
+    commits = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
+               for e, r, v in inputs.to_resolve(d)}
     peers, peer_data = group_peers(d)
     if peers is not None:
         # a worker checks, before anything changes, that the head answers on the rendezvous port
@@ -129,7 +129,7 @@ def host_inputs() -> HostInputs:
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
     return inputs.make(host.name, d, facts, inputs.read_secrets(d), groups=host.groups, operator=operator(),
                        lock_token=runlock.token(), now=time.time(), peers=peers, peer_data=peer_data,
-                       command_line=tuple(getattr(host.inventory, "override_data", None) or ()))
+                       commits=commits, command_line=tuple(getattr(host.inventory, "override_data", None) or ()))
 
 
 def desired() -> Desired:

@@ -339,10 +339,10 @@ def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:
 
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
           lock_token: str | None = None, now: float = 0.0, groups=(), peers: dict | None = None,
-          peer_data: dict | None = None) -> Desired:
+          peer_data: dict | None = None, commits: dict | None = None) -> Desired:
     """`decide()` over the HostInputs of these raw inputs (inputs.make: the one constructor)."""
     return decide(make(host, data, facts, secrets, groups=groups, lock_token=lock_token, now=now,
-                       operator=operator, peers=peers, peer_data=peer_data))
+                       operator=operator, peers=peers, peer_data=peer_data, commits=commits))
 
 
 def decide(i: HostInputs) -> Desired:

@@ -309,16 +309,14 @@ def make(name: str, data: Mapping, facts: Mapping | factmodel.Facts, secrets: Ma
          commits: Mapping | None = None) -> HostInputs:
     """The one constructor. `facts` is the host's HostFacts (parsed here into factmodel.Facts: a
     part not of its type refuses this host in one sentence); `commits` ({(endpoint, repo,
-    revision): {"sha"} | {"error"}}) where a revision was resolved (also read from a `commits` key
-    of `facts`, as the deploy and `nemofleet plan` hand them over); `lock_token`/`now`: the deploy
+    revision): {"sha"} | {"error"}}) where a revision was resolved (HubCommit, asked from the
+    host: a field of its own, never a key inside the facts); `lock_token`/`now`: the deploy
     lock this run may hold and the time (a lock in `facts` refuses a run without its token; pass
     facts without `lock` for a read-only plan); `groups`: the host's groups as pyinfra lists them;
     `peers`: {member: HostFacts} of the other members of its serving group, typed like this
     host's (a member whose facts do not parse refuses the group, naming it); `command_line`: the
     keys pyinfra's --data gave (a secret among them refuses the host)."""
     data = dict(data or {})
-    if commits is None and isinstance(facts, Mapping):
-        commits = facts.get("commits")
     commits = dict(commits) if isinstance(commits, Mapping) else {}
     typed, unreadable = factmodel.parse(facts)
     secrets = typed_secrets(secrets)

@@ -231,14 +231,15 @@ def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():
     assert desired.to_resolve(data) == [key]
     assert desired.to_resolve(CASES["h200-1x-cdi"][1]) == []  # pinned: no query
     f = facts()
-    f["commits"] = {key: {"sha": REV}}
-    d = desired.build("h", data, f, SECRETS)
+    d = desired.build("h", data, f, SECRETS, commits={key: {"sha": REV}})
     assert d.ok and d.plan.model.revision == REV and all(x.revision == REV for x in d.downloads)
     assert any("is 0123456789ab on http://m:8090 now" in w for w in d.warnings)
-    other = desired.build("h", data, dict(f, commits={key: {"sha": "f" * 40}}), SECRETS)
+    other = desired.build("h", data, f, SECRETS, commits={key: {"sha": "f" * 40}})
     assert other.release_id != d.release_id  # a new commit is a new release
-    f["commits"] = {key: {"error": "http://m:8090 is unreachable from the host (refused)"}}
-    bad = desired.build("h", data, f, SECRETS)
+    bad = desired.build("h", data, f, SECRETS, commits={key: {"error": "http://m:8090 is unreachable from the host (refused)"}})
+    # a `commits` key inside the facts (a facts file's, a host's) is not an answer of the Hub
+    inband = desired.build("h", data, dict(f, commits={key: {"sha": REV}}), SECRETS)
+    assert not any(x.revision == REV for x in inband.downloads) and not any(REV[:12] in w for w in inband.warnings)
     assert not bad.ok and "could not resolve revision 'main'" in bad.refusals[0] and not bad.units
 
 

@@ -78,9 +78,9 @@ def _deploy_decision(inventory: str, host: str, f: dict, commits: dict) -> desir
     members = data.get("serving_group_members") if data.get("serving_group") else None
     peers = {m: f[m] for m in members if m != host} if members else None
     peer_data = {m: datas[m] for m in members if m != host} if members else None
-    hf = dict(f[host], commits={e: a for e, a in commits.items()})
-    return desired.decide(inputs.make(host, data, hf, inputs.read_secrets(data), groups=groups[host],
-                                      operator=driver.operator(), peers=peers, peer_data=peer_data))
+    return desired.decide(inputs.make(host, data, f[host], inputs.read_secrets(data), groups=groups[host],
+                                      operator=driver.operator(), peers=peers, peer_data=peer_data,
+                                      commits=dict(commits)))
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -212,9 +212,9 @@ def test_members_with_different_settings_are_refused():
 
 def test_a_group_needs_a_pinned_commit():
     ps = peers()
-    f = dict(ps["a100-1"], commits={("https://huggingface.co", SVL["catalog"], "main"): {"sha": REV}})
-    d = desired.build("a100-1", group(model={"catalog": "nemotron-3.5-super-vl-bf16", "revision": "main"}), f,
-                      SECRETS, peers=ps)
+    commits = {("https://huggingface.co", SVL["catalog"], "main"): {"sha": REV}}
+    d = desired.build("a100-1", group(model={"catalog": "nemotron-3.5-super-vl-bf16", "revision": "main"}), ps["a100-1"],
+                      SECRETS, peers=ps, commits=commits)
     assert not d.ok and "serving_group svl: pin the model revision to a 40-hex commit" in " ".join(d.refusals)
 
 

@@ -171,11 +171,12 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
             if h in facts and not r.problems:
                 peers = {m: facts[m] for m in members if m in facts and m != h} if members else None
                 peer_data = {m: datas[m] for m in members if m in datas and m != h} if members else None
-                f = dict(facts[h], lock=None, commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {})
+                f = dict(facts[h], lock=None)
                 # the secrets as the deploy and `nemofleet plan` read them (one gatherer): they never
                 # enter the release id, but a controller without the API key plans nothing, as its deploy would
                 want = decide(inputs.make(h, data, f, inputs.read_secrets(data), groups=groups.get(h),
-                                          peers=peers, peer_data=peer_data))
+                                          peers=peers, peer_data=peer_data,
+                                          commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {}))
                 r.planned = want.release_id if want.ok else None
                 r.record = _record(lines)
                 r.planned_record = _record(["release " + ln for ln in render.release_record(want.plan).splitlines()]
