@@ -246,8 +246,11 @@ def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float 
         data = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     except ValueError:
         raise FleetError(f"could not read facts from {inventory}: {r.out.strip()[-500:]}") from None
-    data = data.get("nemofleet.facts.host.HostFacts", data)
-    return {h: data[h] for h in names if data.get(h) is not None}
+    data = data.get("nemofleet.facts.host.HostFacts", data) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise FleetError(f"could not read facts from {inventory}: pyinfra's answer is not an object of hosts")
+    # a host whose answer is not an object of parts is one that did not answer (inputs.make types the rest)
+    return {h: data[h] for h in names if isinstance(data.get(h), dict)}
 
 
 def resolve_commits(inventory: str, wanted: dict) -> dict:
