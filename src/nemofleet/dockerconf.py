@@ -8,11 +8,44 @@ from __future__ import annotations
 
 import re
 
+from .valuetypes import shown
+
 NEVER = frozenset({"hosts"})  # the unit passes -H fd://; setting it in the file breaks dockerd
 
 
 class DaemonJsonError(ValueError):
     pass
+
+
+# the keys of a host's daemon.json that nemofleet reads or merges into, and the JSON type each
+# must have there: dockerd refuses a file where they have another (dockerd(8) daemon.json)
+READ_KEYS = {"runtimes": dict, "features": dict, "log-opts": dict, "exec-opts": list, "registry-mirrors": list,
+             "insecure-registries": list, "default-runtime": str, "log-driver": str}
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string"}
+
+
+def host_file_problem(data) -> str | None:
+    """The tail of a sentence when a host's daemon.json (its JSON object; None: not one, said
+    elsewhere) has a key nemofleet reads or merges of another type: the decision and the merge
+    then read only what they expect (factmodel.DaemonJson types `data` with it)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    for key, kind in READ_KEYS.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            why = f"{key!r} {shown(value)}, not {_JSON_NAMES[kind]}"
+        elif key == "runtimes" and not all(isinstance(v, dict) for v in value.values()):
+            why = f"a runtimes entry that is not an object ({shown(value)})"
+        elif kind is list and not all(isinstance(v, str) for v in value):
+            why = f"{key!r} {shown(value)}, with an entry that is not a string"
+        else:
+            continue
+        return f"has {why} (dockerd refuses the file too): fix /etc/docker/daemon.json"
+    return None
 
 
 def validate_settings(desired: dict) -> None:

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Mapping, Union
 
 import pydantic
 
+from .dockerconf import host_file_problem
 from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
 from .valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number, shown
 
@@ -225,7 +226,8 @@ class DaemonJson(_Fact):
     """/etc/docker/daemon.json as read: `data` is its JSON object, None when it is not one (`error` says why)."""
     exists: bool = False
     text: Annotated[str, TEXT] = ""
-    data: dict | None
+    # the keys nemofleet reads or merges are of their JSON type (dockerconf.host_file_problem)
+    data: Annotated[dict | None, Check(host_file_problem)]
     error: Annotated[str, TEXT] | None = None
 
 

@@ -158,6 +158,12 @@ def _base_facts() -> dict:
         "image": {"id": "sha256:" + "0" * 64, "env": {"NVIDIA_REQUIRE_CUDA": "cuda>=13.0"}},
         "release": {"image": "vllm/vllm-openai:v0.32.0", "at": "1700000000"},
         "rdma": [], "gpu_access": "runtime",
+        # the daemon.json keys nemofleet reads or merges (dockerconf.READ_KEYS), as a serving host has them
+        "daemon_json": {"exists": True, "text": "", "error": None, "data": {
+            "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}},
+            "exec-opts": ["native.cgroupdriver=cgroupfs"], "log-driver": "json-file",
+            "log-opts": {"max-size": "100m"}, "features": {"cdi": True}, "default-runtime": "runc",
+            "registry-mirrors": ["https://mirror.example"], "insecure-registries": ["10.0.0.0/8"]}},
         "health": {"gpus": [{"uuid": uuid, "ecc.mode.current": "Enabled"}], "refused_fields": [], "xids": [],
                    "resets": {}, "drained": {}, "fabric_manager": None, "error": None, "boot_time": 1700000000},
     })
