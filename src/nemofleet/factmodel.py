@@ -325,6 +325,22 @@ class Health(_Fact):
         return value
 
 
+class Lock(_Fact):
+    """The deploy lock's info file as the lock program prints it (facts/lock.py, lockinfo.parse):
+    times are unix seconds of at most 12 digits, so gmtime() and arithmetic stay bounded."""
+    holder: str | None = None
+    token_sha256: str | None = None
+    token: str | None = None  # a lock built by hand (a test's) may carry the token itself
+    since: str | None = None
+    expires: Annotated[int, Int(0, 10**12 - 1)] | None = None
+    message: str | None = None
+    now: Annotated[int, Int(0, 10**12 - 1)] | None = None
+
+    def info(self) -> dict:
+        """The fields the lock file had, as lockinfo reads them."""
+        return self.model_dump(exclude_none=True)
+
+
 class HeadReach(_Fact):
     """A serving group worker's probe of its head's rendezvous port (deploy.host_inputs)."""
     target: str  # "address:port", one line
@@ -347,7 +363,7 @@ class Facts(_Fact):
     image: Image | None = None
     release: Mapping[str, str] | None = None
     gpu_access: str | None = None
-    lock: dict | None = None  # the lock's info file, typed where it is read (lockinfo)
+    lock: Lock | None = None
     # a serving group's head address reaches every worker's unit: typed here, before any decision
     addresses: Annotated[Mapping[str, tuple[Address, ...]], Keys(interface_problem)] = {}
     rdma: tuple[str, ...] = ()

@@ -329,7 +329,7 @@ def make(name: str, data: Mapping, facts: Mapping | factmodel.Facts, secrets: Ma
     # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
     refusals += [why for why in map(settings_mod.command_line_secret, command_line) if why]
     refusals += [f"this host's facts hold a value nemofleet cannot use: {why}" for why in unreadable]
-    locked = lock_refusal(typed.lock, lock_token, now)
+    locked = lock_refusal(typed.lock.info() if typed.lock is not None else None, lock_token, now)
     if locked:
         refusals.append(locked)
     for part, why in sorted(typed.errors.items()):

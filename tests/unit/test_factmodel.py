@@ -55,6 +55,9 @@ HOSTILE_PARTS = [
                                                           "remapped_rows.pending": "maybe"}]}), "remapped_rows.pending"),
     ("xid", lambda f: f.update(health={"xids": [{"code": 79, "bus_id": "$(id)"}]}), "health.xids[0].bus_id"),
     ("errors", lambda f: f.update(errors={"gpus": 5}), "errors"),
+    # issue 35's first example: one host's absurd lock expiry aborted the deploy for every host
+    ("lock expiry", lambda f: f.update(lock={"holder": "a@b", "since": "s", "expires": 10**400}), "lock.expires"),
+    ("lock holder", lambda f: f.update(lock={"holder": "a\nExecStart=/bin/sh", "expires": 5}), "lock.holder"),
     ("daemon.json runtimes", lambda f: f["daemon_json"].update(data={"runtimes": 5}), "daemon_json.data has 'runtimes' 5"),
     ("daemon.json exec-opts", lambda f: f["daemon_json"].update(data={"exec-opts": "x"}), "'exec-opts' 'x', not a list"),
     ("head reach", lambda f: f.update(head_reach={"target": 5, "state": "open"}), "head_reach.target"),

@@ -35,4 +35,6 @@ class DeployLock(FactBase):
         info = lockinfo.holder_info(out) or {"holder": "unknown"}
         if "now" in out:
             info["now"] = out["now"]
-        return info
+        # a time that is not a number of at most 12 digits is no time (lockinfo reads it as none):
+        # the part's type (factmodel.Lock) holds only what lockinfo can read
+        return {k: v for k, v in info.items() if k not in ("expires", "now") or isinstance(v, int)}
