@@ -259,6 +259,41 @@ class ModelDir(_Fact):
     marker_ok: MarkerOk | None = None
 
 
+def _file_name_problem(value) -> str | None:
+    """A file of a weights directory as the weights check names it: relative, inside it."""
+    if (not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/")
+            or len(value) > 1024 or _CONTROL.search(value)):
+        return f"{shown(value)} is not a file name inside the weights directory"
+    return None
+
+
+FileName = Annotated[str, Check(_file_name_problem)]
+
+
+class WeightsState(_Fact):
+    """The weights check's answer for one directory (remote/weights_check.py; WeightsStatus):
+    what the weights operation decides from (marked complete, verify and mark, fetch these files)."""
+    dir: str | None = None
+    exists: bool = False
+    complete: bool = False
+    marker: bool = False
+    missing: tuple[FileName, ...] = ()
+    truncated: tuple[FileName, ...] = ()
+    incomplete_files: Annotated[int, Int(0, 10**9)] = 0
+    present_bytes: Annotated[int, Int(0, 10**15)] = 0
+    total_size: Annotated[int, Int(0, 10**15)] | None = None
+    commit_ok: bool = False
+    other_commits: tuple[str, ...] = ()
+
+
+def weights_state(value) -> dict | None:
+    """The weights check's answer typed (WeightsState, as a dict of its fields), or None when it
+    is not one: the operation then fetches and verifies as if nothing were there."""
+    if not isinstance(value, Mapping) or _problem(value, _obj(WeightsState), "weights"):
+        return None
+    return WeightsState.model_validate(value).model_dump()
+
+
 class Image(_Fact):
     id: str | None = None
     env: Mapping[str, str] = {}

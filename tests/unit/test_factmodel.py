@@ -139,3 +139,27 @@ def test_facts_given_to_the_decision_twice_are_parsed_once():
     f = copy.deepcopy(ready())
     f["gpus"]["gpus"][0]["name"] = "NVIDIA H200"
     assert make("h", f).facts == typed
+
+
+@pytest.mark.parametrize("line", [
+    '{"exists": true, "missing": 5}', '{"exists": true, "missing": ["../../etc/passwd"]}',
+    '{"exists": true, "truncated": ["/etc/shadow"]}', '{"complete": "yes", "marker": true}',
+    '{"present_bytes": 1e999}', '{"exists": true', "{" * 100000, '{"missing": ["a\\nb"]}',
+])
+def test_a_weights_check_answer_not_of_its_type_is_no_answer(line):
+    """The weights operation's own fact (WeightsStatus) is typed where it is read: an answer that
+    is not the check's (a host printing garbage, a file name outside the directory) is None, and
+    the operation fetches and verifies, as for a directory it knows nothing of."""
+    from nemofleet.facts.weights import WeightsStatus
+
+    assert WeightsStatus().process(["some log line", line]) is None
+
+
+def test_a_weights_check_answer_is_typed():
+    from nemofleet.facts.weights import WeightsStatus
+
+    out = WeightsStatus().process(['{"dir": "/m/x", "exists": true, "complete": false, "marker": false, '
+                                   '"missing": ["model-00002-of-00002.safetensors"], "truncated": [], '
+                                   '"incomplete_files": 0, "present_bytes": 10, "total_size": 20}'])
+    assert out["missing"] == ("model-00002-of-00002.safetensors",) and out["present_bytes"] == 10
+    assert out["commit_ok"] is False and out["other_commits"] == ()

@@ -12,6 +12,7 @@ import json
 from pyinfra.api import FactBase
 
 from .. import paths, remote, shell
+from ..factmodel import weights_state
 
 MARKER = ".nemofleet-complete"
 # the check's text, for the benches that run it with their own python (bench/weights_recheck.py)
@@ -38,9 +39,14 @@ class WeightsStatus(FactBase):
         return check_command(directory, revision, "full" if full else "check") + " 2>/dev/null || true"
 
     def process(self, output):
+        # typed here: an answer that is not the check's (not JSON, a field of another type, a
+        # file name outside the directory) is no answer, and the operation fetches and verifies
         for line in reversed(output):
             if line.startswith("{"):
-                return json.loads(line)
+                try:
+                    return weights_state(json.loads(line))
+                except (ValueError, RecursionError):
+                    return None
         return None
 
 
