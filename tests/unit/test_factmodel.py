@@ -163,3 +163,10 @@ def test_a_weights_check_answer_is_typed():
                                    '"incomplete_files": 0, "present_bytes": 10, "total_size": 20}'])
     assert out["missing"] == ("model-00002-of-00002.safetensors",) and out["present_bytes"] == 10
     assert out["commit_ok"] is False and out["other_commits"] == ()
+
+
+def test_a_unit_listing_line_without_a_name_is_skipped():
+    from nemofleet.facts.units import UnitStates
+
+    out = UnitStates().process(["unit", "file", "unit a.service enabled active", "file /etc/x"])
+    assert out == {"units": {"a.service": {"enabled": True, "active": True}}, "files": ["/etc/x"]}

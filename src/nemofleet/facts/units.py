@@ -25,6 +25,8 @@ class UnitStates(FactBase):
         out = {"units": {}, "files": []}
         for line in output:
             parts = line.split()
+            if len(parts) < 2:
+                continue  # not a line of the listing (a bare "unit": a unit name cannot be empty)
             if parts[:1] == ["unit"]:
                 out["units"][parts[1]] = {"enabled": parts[2:3] == ["enabled"],
                                           "active": parts[3:4] == ["active"] or parts[2:3] == ["active"]}
