@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nemofleet import factmodel
 from nemofleet.models import CATALOG
 from nemofleet.multinode import make_group_plan
 from nemofleet.plan import Gpu, PlanError, make_plan
@@ -76,7 +77,9 @@ def group_cases():
     for shape, gpus in shapes.items():
         for n in (2, 4):
             members = [f"{shape}-{i}" for i in range(n)]
-            peers = {m: _member_facts(gpus, f"10.0.0.{i + 1}") for i, m in enumerate(members)}
+            # typed as the one gatherer hands a group's facts to the plan (inputs.make: factmodel.parse_peer)
+            peers = {m: factmodel.parse_peer(m, _member_facts(gpus, f"10.0.0.{i + 1}")) for i, m in enumerate(members)}
+            assert all(isinstance(f, factmodel.Facts) for f in peers.values()), peers
             for key, model in CATALOG.items():
                 for mode in ("pp", "tp", "dp"):
                     for m in members[:2]:  # the head and one worker (the others differ by rank only)
