@@ -408,10 +408,6 @@ class Facts(_Fact):
     errors: Mapping[str, str] = {}
     head_reach: HeadReach | None = None
 
-    @property
-    def gpu_list(self) -> tuple[Gpu, ...]:
-        return self.gpus.gpus
-
 
 class PeerMissing(_Fact):
     """A serving group member whose facts cannot be planned with: `why` ends the sentence
