@@ -275,13 +275,14 @@ def _plan_fanout(datas: dict, facts: dict, groups: dict):
 
 
 def _peer_facts(member: str, facts, from_file: bool):
-    """A serving group member's facts, or {"absent": sentence} when there are none to plan with."""
+    """A serving group member's facts, or factmodel.PeerMissing when there are none to plan with."""
+    from .factmodel import PeerMissing
     from .facts.host import facts_file_problem
 
     if not facts:
-        return {"absent": "has no facts (unreachable, or not in the facts file)"}
+        return PeerMissing(why="has no facts (unreachable, or not in the facts file)")
     why = facts_file_problem(member, facts) if from_file else None
-    return {"absent": f"has facts nemofleet cannot read ({why})"} if why else facts
+    return PeerMissing(why=f"has facts nemofleet cannot read ({why})") if why else facts
 
 
 def _fleet(fn, what: str, *args, **kw):

@@ -50,7 +50,7 @@ def _host_facts(h, d: dict, own: bool = False) -> dict:
 
 
 def group_peers(d: dict) -> tuple[dict | None, dict | None]:
-    """({member: HostFacts}, {member: host data}) of the other members of this host's multi-node
+    """({member: HostFacts, or factmodel.PeerMissing with its sentence}, {member: host data}) of the other members of this host's multi-node
     serving group, each read over that member's own connection (multinode.py plans the group
     from every member's facts). A member outside this run is left out: the plan refuses."""
     members = inputs.group_of(d)[1]
@@ -63,7 +63,7 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
             continue
         other = state.inventory.get_host(name, None)
         if other is None:
-            peers[name] = {"absent": "is not a host of this inventory"}
+            peers[name] = factmodel.PeerMissing(why="is not a host of this inventory")
             continue
         if not state.is_host_in_limit(other):
             continue
@@ -71,7 +71,8 @@ def group_peers(d: dict) -> tuple[dict | None, dict | None]:
         try:
             peers[name] = _host_facts(other, peer_data[name])
         except Exception as exc:  # an unreachable member refuses the group, never the run
-            peers[name] = {"unreachable": str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__}
+            said = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+            peers[name] = factmodel.PeerMissing(why=f"did not answer ({said})")
     return peers, peer_data
 
 

@@ -521,10 +521,6 @@ def parse_peer(member: str, facts) -> Facts | PeerMissing:
         return facts
     if facts is None:
         return PeerMissing(why="has no facts (unreachable, or not in the facts file)")
-    if isinstance(facts, Mapping) and set(facts) <= {"absent", "unreachable"} and facts:
-        if isinstance(facts.get("absent"), str):
-            return PeerMissing(why=facts["absent"][:300])
-        return PeerMissing(why=f"did not answer ({str(facts.get('unreachable'))[:200]})")
     typed_facts, problems = parse(facts)
     if problems:
         return PeerMissing(why=f"has facts nemofleet cannot read ({problems[0][:200]})")

@@ -97,7 +97,8 @@ def test_a_serving_group_member_with_unreadable_facts_refuses_the_group_naming_i
     assert "a100-2 has facts nemofleet cannot read (addresses is [1], not a mapping)" in why, why
     assert isinstance(factmodel.parse_peer("a100-2", ps["a100-2"]), factmodel.PeerMissing)
     assert factmodel.parse_peer("a100-3", None).why.startswith("has no facts")
-    assert factmodel.parse_peer("a100-3", {"unreachable": "Connection refused"}).why == "did not answer (Connection refused)"
+    missing = factmodel.PeerMissing(why="did not answer (Connection refused)")  # as deploy.group_peers says it
+    assert factmodel.parse_peer("a100-3", missing) is missing
 
 
 def test_the_parts_a_facts_file_must_hold_are_the_models_own():

@@ -123,9 +123,9 @@ def test_group_too_small_is_refused_with_figures_and_the_group_that_fits():
 @pytest.mark.parametrize("ps, data, words", [
     ({"a100-1": member("10.0.0.1")}, None, "a100-2 is not part of this run (deploy every member of svl together: "
                                            "--limit a100-1,a100-2)"),
-    ({"a100-1": member("10.0.0.1"), "a100-2": {"unreachable": "Connection refused"}}, None,
+    ({"a100-1": member("10.0.0.1"), "a100-2": factmodel.PeerMissing(why="did not answer (Connection refused)")}, None,
      "a100-2 did not answer (Connection refused)"),
-    ({"a100-1": member("10.0.0.1"), "a100-2": {"absent": "is not a host of this inventory"}}, None,
+    ({"a100-1": member("10.0.0.1"), "a100-2": factmodel.PeerMissing(why="is not a host of this inventory")}, None,
      "a100-2 is not a host of this inventory"),
     ({"a100-1": member("10.0.0.1"), "a100-2": member("10.0.0.2", gpus=2)}, None,
      "mixes GPUs (a100-1: 4x A100 80 GiB, a100-2: 2x A100 80 GiB)"),
