@@ -123,8 +123,11 @@ def host_inputs() -> HostInputs:
         from .multinode import head_probe
 
         s = inputs.parse_or_none(d)
-        typed = {m: factmodel.parse_peer(m, f) for m, f in {**peers, host.name: facts}.items()}
-        target = head_probe(host.name, s, typed) if s is not None else None
+        # head_probe reads the head's addresses alone: only its facts are typed here (inputs.make
+        # types every member's below)
+        head = s.serving_group_members[0] if s is not None and s.serving_group_members else None
+        known = {**peers, host.name: facts}
+        target = head_probe(host.name, s, {head: factmodel.parse_peer(head, known.get(head))}) if head else None
         if target:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
