@@ -481,37 +481,40 @@ def _first_error(exc: pydantic.ValidationError, key: str) -> str:
     return f"{key}.{'.'.join(map(str, err['loc']))} {err['msg'].lower()}"
 
 
-class FactsError(ValueError):
-    """One sentence: a part of a host's facts is not of its type."""
+# every field of Facts and the spec its value is walked with: the HostFacts parts, and beside them
+# what HostFacts.process adds (errors) and a worker's probe of its head
+_FIELDS = {**PARTS, "errors": ERRORS, "head_reach": Opt(_obj(HeadReach))}
+# each field's own validator, so a part is validated alone, without building a whole Facts per part
+_ADAPTERS = {name: pydantic.TypeAdapter(Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation)
+             for name, f in Facts.model_fields.items()}
 
 
 def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
     """(the typed facts, one sentence per part that is not of its type). A bad part is replaced
     by its default and named, so the host is refused in that sentence and nothing else reads it;
-    a missing part has its default."""
+    a missing part has its default. Each part is walked (the sentence) and validated once."""
     if isinstance(facts, Facts):
         return facts, []
     if not isinstance(facts, Mapping):
         return Facts(), [f"the host's facts are {shown(facts)}, not an object of HostFacts parts"]
-    good, problems = {}, []
-    for key in Facts.model_fields:
+    values, problems = {}, []
+    for key, spec in _FIELDS.items():
         if key not in facts:
             continue
-        value = facts[key]
-        why = part_problem(key, value) if key not in ("head_reach",) else _problem(value, Opt(_obj(HeadReach)), key)
+        why = _problem(facts[key], spec, key)
         if why is None:
-            try:
-                Facts.model_validate({key: value})
-            except (pydantic.ValidationError, Unreadable, ValueError, TypeError) as exc:
-                why = _first_error(exc, key) if isinstance(exc, pydantic.ValidationError) else str(exc)
+            try:  # the part alone (health's rows typed by nvsmi here)
+                values[key] = _ADAPTERS[key].validate_python(facts[key])
+            except Unreadable as exc:
+                why = str(exc)
+            except pydantic.ValidationError as exc:
+                why = _first_error(exc, key)
+            except (ValueError, TypeError) as exc:  # a validator's own error, not wrapped by pydantic
+                why = f"{key}: {str(exc)[:300]}"
         if why:
             problems.append(why)
-            continue
-        good[key] = value
-    try:
-        return Facts.model_validate(good), problems
-    except (pydantic.ValidationError, Unreadable, ValueError, TypeError) as exc:  # not reached: parts passed alone
-        return Facts(), problems + [str(exc).splitlines()[0][:300]]
+    # every value is of its field's type already: the whole is assembled without a second pass
+    return Facts.model_construct(**values), problems
 
 
 def parse_peer(member: str, facts) -> Facts | PeerMissing:

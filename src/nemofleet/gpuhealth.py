@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .factmodel import FabricManager, Health, part_problem
+from .factmodel import FabricManager, Health, parse
 from .nvsmi import bus_key
 
 
@@ -68,11 +68,11 @@ def read(health) -> Lookup:
     if health is None:
         return Lookup()
     if not isinstance(health, Health):
-        why = part_problem("health", health)
-        if why:
-            raise HealthError(f"the health facts cannot be read: {why}; write them with "
+        typed, problems = parse({"health": health})  # the edge's own parser, once
+        if problems:
+            raise HealthError(f"the health facts cannot be read: {problems[0]}; write them with "
                               "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
-        health = Health.model_validate(health)
+        health = typed.health
     return Lookup(rows=tuple({**r.values, "uuid": r.uuid, "lost": r.lost} for r in health.gpus),
                   xids=tuple({"code": x.code, "bus_id": bus_key(x.bus_id), "time": x.time, "text": x.text or ""}
                              for x in health.xids),
