@@ -324,10 +324,7 @@ class HealthGpu(_Fact):
     nvsmi.typed when the facts are parsed (a facts file may hold nvidia-smi's own "Yes", "[N/A]")."""
     uuid: Uuid
     lost: bool = False
-    values: Mapping[str, Any] = {}  # {query field: typed value}; `value(name)` reads one
-
-    def value(self, name: str):
-        return self.values.get(name)
+    values: Mapping[str, Any] = {}  # {query field: typed value}
 
 
 class Health(_Fact):
@@ -457,22 +454,6 @@ PARTS["health"].fields["?gpus"] = List(Obj({"uuid": Check(gpu_uuid_problem)}))
 ERRORS = Map(str)  # not a part: what HostFacts.process adds, {part: sentence} of the parts it could not read
 
 
-def part_problem(key: str, value) -> str | None:
-    """One sentence when `value` is not of HostFacts part `key`'s type (None when it is)."""
-    spec = ERRORS if key == "errors" else PARTS.get(key)
-    if spec is None:
-        return None
-    why = _problem(value, spec, key)
-    if why is None and key == "health":
-        try:  # the rows' nvidia-smi values
-            Health.model_validate(value)
-        except Unreadable as exc:
-            return str(exc)
-        except pydantic.ValidationError as exc:
-            return _first_error(exc, key)
-    return why
-
-
 def _first_error(exc: pydantic.ValidationError, key: str) -> str:
     err = exc.errors()[0]
     inner = err.get("ctx", {}).get("error")
@@ -489,6 +470,31 @@ _ADAPTERS = {name: pydantic.TypeAdapter(Annotated[(f.annotation, *f.metadata)] i
              for name, f in Facts.model_fields.items()}
 
 
+def _typed_part(key: str, value) -> tuple[object, str | None]:
+    """(the part typed, None), or (None, one sentence naming the first place it is not of its
+    type): walked for the sentence, then validated once by its field's adapter (health's rows
+    typed by nvsmi there). A key that is no field of Facts is (None, None)."""
+    spec = _FIELDS.get(key)
+    if spec is None:
+        return None, None
+    why = _problem(value, spec, key)
+    if why:
+        return None, why
+    try:
+        return _ADAPTERS[key].validate_python(value), None
+    except Unreadable as exc:
+        return None, str(exc)
+    except pydantic.ValidationError as exc:
+        return None, _first_error(exc, key)
+    except (ValueError, TypeError) as exc:  # a validator's own error, not wrapped by pydantic
+        return None, f"{key}: {str(exc)[:300]}"
+
+
+def part_problem(key: str, value) -> str | None:
+    """One sentence when `value` is not of HostFacts part `key`'s type (None when it is)."""
+    return _typed_part(key, value)[1]
+
+
 def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
     """(the typed facts, one sentence per part that is not of its type). A bad part is replaced
     by its default and named, so the host is refused in that sentence and nothing else reads it;
@@ -498,21 +504,13 @@ def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
     if not isinstance(facts, Mapping):
         return Facts(), [f"the host's facts are {shown(facts)}, not an object of HostFacts parts"]
     values, problems = {}, []
-    for key, spec in _FIELDS.items():
-        if key not in facts:
-            continue
-        why = _problem(facts[key], spec, key)
-        if why is None:
-            try:  # the part alone (health's rows typed by nvsmi here)
-                values[key] = _ADAPTERS[key].validate_python(facts[key])
-            except Unreadable as exc:
-                why = str(exc)
-            except pydantic.ValidationError as exc:
-                why = _first_error(exc, key)
-            except (ValueError, TypeError) as exc:  # a validator's own error, not wrapped by pydantic
-                why = f"{key}: {str(exc)[:300]}"
-        if why:
-            problems.append(why)
+    for key in _FIELDS:
+        if key in facts:
+            value, why = _typed_part(key, facts[key])
+            if why:
+                problems.append(why)
+            else:
+                values[key] = value
     # every value is of its field's type already: the whole is assembled without a second pass
     return Facts.model_construct(**values), problems
 
