@@ -22,9 +22,10 @@ import threading
 import time
 from pathlib import Path
 
+from nemofleet.settings import DEFAULT_IMAGE  # the one pin of the vLLM image; releases are tags beside it
+
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ["a100-1", "h100-1", "h200-1"]
-BASE = "vllm/vllm-openai:v0.27.1"
 RELEASES = ["slow", "flaky", "nf2"]
 CLIENTS = 2
 STOP = "/tmp/nf_canary_load_stop"
@@ -141,7 +142,7 @@ def one_release(release: str, bake: float) -> dict:
     loads = {h: start_load(h) for h in HOSTS}
     time.sleep(3)  # the load flows before the rollout starts
     r = rollout(["--canary", "1", "--batch", "1", "--wait", "120", "--bake", str(bake),
-                 "--data", f"vllm_image={BASE}-{release}"])
+                 "--data", f"vllm_image={DEFAULT_IMAGE}-{release}"])
     done = {h: stop_load(h, p) for h, p in loads.items()}
     doc = r["doc"]
     canary_hosts = [h for h, v in (doc.get("hosts") or {}).items() if v.get("canary")] or HOSTS[:1]

@@ -9,7 +9,7 @@ NEMOFLEET_TESTBED_HOSTS=a,b limits the inventory to those hosts.
 import os
 
 try:
-    from nemofleet_testbed import container, read_state, testbed_dir
+    from nemofleet_testbed import container, groupdata, read_state, testbed_dir
 except ModuleNotFoundError as _exc:  # the testbed is its own package (testbed/), not in nemofleet's wheel
     if _exc.name != "nemofleet_testbed":
         raise
@@ -58,6 +58,11 @@ for _name, _h in sorted(_state["hosts"].items()):
     if _h.get("serving_group") and any(_name == n for hs in _groups.values() for n, _ in hs):
         serving_groups.setdefault(_h["serving_group"], []).append(_name)
 serving_groups = {g: m for g, m in serving_groups.items() if len(m) > 1}
+
+# The testbed's own group data (mirror, archives, keys, frontends: nemofleet_testbed.groupdata), as the
+# group named after this file, declared last so it overrides the GPU class groups' data and host data
+# overrides it. Declared here, not in group_data/, which pyinfra runs for every inventory.
+testbed = ([n for hs in _groups.values() for n, _ in hs], groupdata.data())
 
 from nemofleet.inventory import checked  # noqa: E402  (an empty inventory or a --limit typo stops the run)
 

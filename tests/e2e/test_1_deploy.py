@@ -42,6 +42,15 @@ def test_broken_host_refused_with_its_sentence_others_proceed(converged):
     assert r.changed() == []
     assert on("broken-1", "ls /etc/nemofleet /etc/systemd/system/nemofleet-vllm-* 2>&1 || true").stdout.count("No such file") == 2
     assert on("broken-1", "test -e /etc/docker/daemon.json && echo yes || echo no").stdout.strip() == "no"
+    # an honest dry run: --dry runs no command, yet names the host the preflight refuses, with its sentences
+    dry = pyinfra(deploy="deploys/nemotron.py", hosts=["broken-1", "h200-1"], extra=("--dry",),
+                  env={"NEMOFLEET_TESTBED_BROKEN": "1"})
+    assert "Traceback" not in dry.out, dry.out[-3000:]
+    said = [line for line in dry.out.splitlines() if "preflight would refuse this host: " in line]
+    assert all("broken-1" in line for line in said) and len(said) >= 2, dry.out[-3000:]
+    assert any("preflight would refuse this host: driver 535.104.05 supports CUDA 12.2 but "
+               "vllm/vllm-openai:v0.27.1 needs CUDA 12.8 (driver >= 570.26)" in line for line in said), said
+    assert any("the NVIDIA Container Toolkit is not installed" in line for line in said), said
 
 
 def test_chat_through_frontend_network_with_key_and_401_without(converged):

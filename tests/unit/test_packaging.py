@@ -103,15 +103,23 @@ def test_the_wheels_dependencies_are_what_its_modules_import(wheel):
     assert extras == {"dev"}  # no testbed extra: pyyaml is the testbed package's dependency
 
 
-def test_wheel_in_a_fresh_venv_plans_and_renders(wheel, tmp_path):
+@pytest.fixture(scope="module")
+def wheel_venv(wheel, tmp_path_factory) -> Path:
+    """A fresh venv holding the nemofleet wheel and its dependencies, nothing else (no testbed):
+    a production controller."""
+    venv = tmp_path_factory.mktemp("controller") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                        str(wheel)], capture_output=True, text=True, cwd=venv, env=ENV)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return venv
+
+
+def test_wheel_in_a_fresh_venv_plans_and_renders(wheel_venv, tmp_path):
     from test_desired import REV, facts  # a host ready to serve, as the deploy's facts read it
 
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    venv = wheel_venv
     py, nemofleet = venv / "bin" / "python", venv / "bin" / "nemofleet"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)],
-                       capture_output=True, text=True, cwd=tmp_path, env=ENV)
-    assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([str(py), "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, env=ENV)
     assert r.returncode == 0 and "rendered" in r.stdout, r.stdout + r.stderr
     # the command line: a plan from a facts file, as before the hardware exists
@@ -127,3 +135,45 @@ def test_wheel_in_a_fresh_venv_plans_and_renders(wheel, tmp_path):
     assert (r.returncode, r.stdout) == (2, "") and "Traceback" not in r.stderr
     assert r.stderr == ("nemofleet: `nemofleet testbed` needs the nemofleet-testbed package, which is not installed "
                         "here: in a nemofleet checkout run `make venv` (or `pip install -e ./testbed`)\n")
+
+
+def test_the_main_job_from_a_controller_without_the_testbed(wheel_venv, tmp_path):
+    """The repository's own inventories/prod.py and group_data/, run from a controller that has the
+    nemofleet wheel and not the testbed (pyinfra runs every file of group_data/ for any inventory):
+    no traceback and no word of the testbed; without facts each example host fails alone, in one
+    sentence, on being reached; from a facts file every host is planned."""
+    from test_desired import facts
+
+    bin_ = wheel_venv / "bin"
+    env = dict(ENV, PATH=f"{bin_}:{ENV.get('PATH', '')}", HOME=str(tmp_path), PYINFRA_PROGRESS="off")
+    for k in ("NEMOFLEET_API_KEY_FILE", "NEMOFLEET_HF_TOKEN_FILE", "HF_ENDPOINT"):
+        env.pop(k, None)
+    hosts = ["a100-01.example.internal", "h100-01.example.internal", "h100-02.example.internal",
+             "h200-01.example.internal"]
+
+    def run(*cmd):
+        r = subprocess.run([str(bin_ / cmd[0]), *cmd[1:]], capture_output=True, text=True, cwd=ROOT, env=env,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        out = r.stdout + r.stderr
+        assert "Traceback" not in out and "testbed" not in out.lower(), out[-3000:]
+        return r.returncode, out
+
+    rc, out = run("nemofleet", "plan", "inventories/prod.py")
+    assert rc != 0
+    for h in hosts:  # one line each, naming the host and why it was not reached
+        lines = [line for line in out.splitlines() if h in line]
+        assert len(lines) == 1 and "resolve" in lines[0], out
+    h100 = facts(gpus=8, name="NVIDIA H100 80GB HBM3", mib=81559, docker="24.0.7")
+    (tmp_path / "facts.json").write_text(json.dumps({
+        "a100-01.example.internal": facts(name="NVIDIA A100-SXM4-80GB", mib=81920, cc="8.0", docker="20.10.24",
+                                          driver="570.195.03", cgroup=1, cgroup_driver="cgroupfs"),
+        "h100-01.example.internal": h100, "h100-02.example.internal": h100, "h200-01.example.internal": facts()}))
+    rc, out = run("nemofleet", "plan", "inventories/prod.py", "--facts", str(tmp_path / "facts.json"))
+    assert rc == 1, out  # the example data sets no API key: each host is refused for that, and planned
+    for h in hosts:
+        assert f"== {h}" in out, out
+    assert "nemotron-3.5-super-vl" in out and "REFUSED: no API key" in out, out
+    rc, out = run("pyinfra", "--dry", "inventories/prod.py", "deploys/nemotron.py")
+    assert rc != 0
+    for h in hosts:
+        assert any(h in line and "resolve" in line for line in out.splitlines()), out

@@ -136,8 +136,6 @@ def test_a_default_is_defined_in_exactly_one_place():
 
 def test_group_data_does_not_repeat_a_default():
     for path in sorted((ROOT / "group_data").glob("*.py")):
-        if path.name == "testbed.py":
-            continue  # needs a running testbed's state
         values = {k: v for k, v in runpy.run_path(str(path)).items() if k in KEYS}
         repeated = [k for k, v in values.items() if v == settings.BY_NAME[k].default]
         assert not repeated, f"{path.name} repeats the defaults of {repeated}: they live in settings.py"
@@ -146,8 +144,20 @@ def test_group_data_does_not_repeat_a_default():
         assert not unknown, f"{path.name}: {unknown}"
 
 
+def test_the_testbeds_group_data_names_only_settings(tmp_path, monkeypatch):
+    """The testbed's group data (inventories/testbed.py's `testbed` group, nemofleet_testbed.groupdata):
+    every key a setting, also with the real vLLM server recorded in the state."""
+    import nemofleet_testbed
+    from nemofleet_testbed import groupdata
+
+    monkeypatch.setenv("NEMOFLEET_TESTBED_DIR", str(tmp_path))
+    assert set(groupdata.data()) <= set(KEYS)
+    nemofleet_testbed.write_state({"real_vllm": {"model": {"repo": "a/b"}, "image": "i", "archive": "/x.tar"}})
+    assert set(groupdata.data()) <= set(KEYS) and groupdata.data()["vllm_image"] == "i"
+
+
 def test_one_definition_of_the_image():
-    out = subprocess.run(["git", "grep", "-n", "vllm/vllm-openai:v", "--", "src", "group_data"], cwd=ROOT,
+    out = subprocess.run(["git", "grep", "-n", "vllm/vllm-openai:v", "--", "src", "group_data", "bench"], cwd=ROOT,
                          capture_output=True, text=True).stdout.splitlines()
     assert len(out) == 1 and "settings.py" in out[0] and "DEFAULT_IMAGE" in out[0], out
 

@@ -151,3 +151,24 @@ def test_nemofleet_testbed_hands_its_arguments_to_the_testbed_package(monkeypatc
     assert cli.main(["testbed", "down"]) == 0
     assert cli.main(["testbed", "status", "--profile", "x.yaml"]) == 0
     assert seen == [("down", [], "default"), ("status", [], "x.yaml")]
+
+
+def test_testbed_up_without_an_engine_answers_at_once_before_any_build(tmp_path):
+    """No Docker engine answering: one sentence within seconds, before debootstrap or any build
+    (the engine is the first thing checked), and nothing written to the testbed's directory."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent", NEMOFLEET_TESTBED_DIR=str(tmp_path / "tb"))
+    t0 = time.monotonic()
+    r = subprocess.run([str(Path(sys.executable).with_name("nemofleet")), "testbed", "up"], capture_output=True,
+                       text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - t0
+    assert r.returncode != 0 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "unix:///nonexistent" in lines[0] and "Docker engine" in lines[0], r.stderr
+    assert took < 5, f"took {took:.1f} s"
+    assert not (tmp_path / "tb").exists()

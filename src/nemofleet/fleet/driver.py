@@ -101,6 +101,12 @@ def connected(out: str, host: str) -> bool:
     return re.search(rf"^\s*\[{re.escape(host)}\]\s+Connected\s*$", out, re.M) is not None
 
 
+def _host_said(out: str, host: str) -> str | None:
+    """The first line pyinfra printed about `host` (`    [host] Could not resolve hostname ...`)."""
+    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(\S.*)$", out, re.M)
+    return m.group(1).strip()[:300] if m else None
+
+
 def _connect_error(r: Result, host: str) -> str:
     m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(Could not connect.*)$", r.out, re.M)
     if m:
@@ -245,6 +251,10 @@ def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float 
     try:
         data = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     except ValueError:
+        said = {h: _host_said(r.out, h) for h in names}
+        if any(said.values()):  # no host answered: one sentence per host, as pyinfra said it
+            raise FleetError(f"no host of {inventory} answered:" + "".join(
+                f"\n  {h}: {why or 'no answer'}" for h, why in said.items())) from None
         raise FleetError(f"could not read facts from {inventory}: {r.out.strip()[-500:]}") from None
     data = data.get("nemofleet.facts.host.HostFacts", data) if isinstance(data, dict) else None
     if not isinstance(data, dict):

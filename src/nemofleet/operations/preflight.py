@@ -1,5 +1,7 @@
 """The preflight verdict: fail a host that cannot serve, before anything changes."""
 
+import sys
+
 from pyinfra import host, logger
 from pyinfra.api import operation
 
@@ -20,6 +22,15 @@ def verdict(refusals: list[str], warnings: list[str] | None = None):
         else:
             host.log(f"preflight warning: as said above for {first} ({w[:60].rstrip()}...)", logger.warning)
     if refusals:
+        if dry_run():  # --dry runs no command: say now what the failing one would say
+            for r in refusals:
+                host.log(f"preflight would refuse this host: {r}", logger.error)
         yield fail_command("\n".join(f"nemofleet refused {host.name}: {r}" for r in refusals))
         return
     host.noop("preflight passed")
+
+
+def dry_run(argv=None) -> bool:
+    """Whether this is `pyinfra --dry`: pyinfra decides it after the operations are prepared and
+    keeps it out of its state, so the command line is what says it."""
+    return "--dry" in (sys.argv if argv is None else argv)[1:]

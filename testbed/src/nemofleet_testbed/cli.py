@@ -10,6 +10,23 @@ import sys
 TOOLS = ("docker", "debootstrap", "ssh", "ssh-keygen", "rsync", "dpkg-scanpackages", "gpg")
 
 
+def engine_problem(timeout: float = 4.0) -> str | None:
+    """One sentence when no Docker engine answers `docker info` (DOCKER_HOST as the client reads
+    it) within `timeout` seconds, else None."""
+    import os
+
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        r = subprocess.run(["docker", "info", "-f", "{{.ServerVersion}}"], capture_output=True, text=True,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"the Docker engine at {where} did not answer `docker info` within {timeout:.0f} s; start it or fix DOCKER_HOST"
+    if r.returncode == 0 and r.stdout.strip():
+        return None
+    return (f"no Docker engine answers at {where} (`docker info` failed); start it (`systemctl start docker`, "
+            "or `sh scripts/prereqs.sh` as root) or fix DOCKER_HOST")
+
+
 def run(a) -> int:
     """a: the parsed `nemofleet testbed` arguments (action, hosts, profile). Returns the exit code;
     a missing tool or a failed step is one sentence, never a traceback."""
@@ -18,6 +35,10 @@ def run(a) -> int:
         if missing:
             print(f"nemofleet: the testbed needs {', '.join(missing)}, not found on PATH: run `sh scripts/prereqs.sh` "
                   "(as root on Debian/Ubuntu it installs them) or `make demo`", file=sys.stderr)
+            return 2
+        why = engine_problem()
+        if why:  # before any build: debootstrap alone takes a minute
+            print(f"nemofleet: {why}", file=sys.stderr)
             return 2
     try:
         return _run(a)
