@@ -99,8 +99,9 @@ plan: venv
 down: venv
 	$(BIN)/nemofleet testbed down
 
+# the settings reference, docs/settings.md: its table regenerated from src/nemofleet/settings.py
 settings-doc: venv
-	$(BIN)/python -c 'from nemofleet.settings import write_readme; write_readme()'
+	$(BIN)/python -c 'from nemofleet.settings import write_reference; write_reference()'
 
 bench: venv
 	$(BIN)/python bench/run.py

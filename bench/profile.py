@@ -16,7 +16,7 @@ what it is doing:
     other          the rest of the standard library
 
 and prints them per run and per host, with the remote command count per host (from a -vv run).
-The numbers go in the closing notes and bench/README figures, not in timed tests.
+The numbers go in the closing notes and docs/measurements.md, not in timed tests.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 First bench/scale.py (its own light scale testbed, nf-scale: no-op wall time, controller CPU and
 remote commands per host for BENCH_SCALE_SIZES=5,20,50,100 hosts; torn down after, BENCH_SCALE=0
 skips it), then the Ansible comparison below on full test hosts. `BENCH_SIZES=1,5,10,20
-BENCH_ANSIBLE_FIRST=5,20` gives the longer comparison of the README's first table.
+BENCH_ANSIBLE_FIRST=5,20` gives the longer comparison (docs/measurements.md, 1, 5 and 10 hosts).
 
 For each fleet size N (fresh hosts of a testbed of its own, 1x H200 profile each):
   (a) first converge: nemofleet on fresh hosts; Ansible on re-created fresh hosts

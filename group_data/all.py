@@ -1,5 +1,5 @@
 """Fleet-wide choices. Every key and its default is declared once in src/nemofleet/settings.py
-(`nemofleet settings` lists them; the README's settings table is generated from it); set here only
+(`nemofleet settings` lists them; docs/settings.md's table is generated from it); set here only
 what this fleet wants different. Group data per GPU class and per host override these, and a
 misspelt key is refused by preflight ("did you mean ...?").
 """
@@ -23,7 +23,7 @@ if os.environ.get("HF_ENDPOINT"):
 # frontends = [{"name": "open-webui", "network": "open-webui_default", "alias": "nemotron"},
 #              {"name": "dify", "network": "dify_default", "alias": "nemotron"}]
 
-# Opt-in installs of the NVIDIA Container Toolkit / driver (see README "Hosts from nothing"), e.g.
+# Opt-in installs of the NVIDIA Container Toolkit / driver (docs/operator-guide.md, "Hosts from nothing"), e.g.
 # install_container_toolkit = True
 # container_toolkit_version = "1.18.0-1"
 # container_toolkit_key_file = "files/nvidia-container-toolkit.asc"

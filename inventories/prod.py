@@ -24,7 +24,7 @@ gpu_h200 = [
 #     ("gw-01.example.internal", {"ssh_user": "root"}),
 # ]
 
-# A multi-node serving group (README "One model over several hosts", docs/recipes.md#multi-node):
+# A multi-node serving group (docs/multi-node.md, docs/recipes.md#multi-node):
 # one model over several hosts of one GPU class, the head first; their shared settings (the model,
 # the image, the flags) go in the class's group data or in each member's data alike, e.g.
 #   gpu_a100 += [("a100-02.example.internal", {"ssh_user": "root"}),

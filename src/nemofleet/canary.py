@@ -16,7 +16,7 @@ Prometheus' increase() does). Histograms of different bucket bounds (two vLLM ve
 canary and the baseline) are merged on the union of their bounds, each interpolated linearly
 inside its own buckets, as histogram_quantile() interpolates.
 
-The rule (README "Fleet operations"): judged only once both sides served `min_requests` in the
+The rule (docs/fleet.md, "Canary gate"): judged only once both sides served `min_requests` in the
 window; the canary breaks the SLO when
 - its error rate exceeds the baseline's by more than `error_points` percentage points, the
   baseline counting for at most `error_points` itself (a baseline that is itself failing does not
@@ -218,7 +218,7 @@ class Window:
 
 @dataclass
 class Slo:
-    """The gate's rule. Defaults, and why (README "Fleet operations"):
+    """The gate's rule. Defaults, and why (docs/fleet.md, "Canary gate"):
     error_points 1.0: one request in a hundred more than the baseline fails is what users notice
     and what a healthy vLLM never does (its 5xx are engine faults, not load);
     latency_ratio 1.5: p95s of two healthy hosts of one GPU class agree within a bucket (vLLM's

@@ -697,7 +697,7 @@ def parser() -> argparse.ArgumentParser:
     rd.add_argument("--data", action="append", default=[])
     rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
     st = add("settings", "every host-data key with its type, default and meaning", cmd_settings)
-    st.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    st.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/settings.md")
     add("models", "the model catalog: repository, precision, size, parsers", cmd_models)
     t = add("testbed", "the local testbed of simulated GPU hosts (make demo starts it)", cmd_testbed,
             "The local testbed of simulated GPU hosts: the nemofleet-testbed package (testbed/ in the\n"

@@ -33,7 +33,7 @@ HEALTH_CRON = "/etc/cron.d/nemofleet-health"
 HEALTH_LOCK = "/run/lock/nemofleet-health.lock"
 WEIGHTS_MARKER = ".nemofleet-complete"
 
-# the front door (HAProxy from the distribution's package; README "Front door")
+# the front door (HAProxy from the distribution's package; docs/front-door.md)
 FRONT_DOOR_CFG = "/etc/haproxy/haproxy.cfg"
 FRONT_DOOR_KEYS = f"{ETC}/front-door.keys"  # "Bearer <key>" patterns HAProxy reads at load (0600)
 FRONT_DOOR_SOCKET = "/run/haproxy/nemofleet-admin.sock"  # runtime API, root only

@@ -3,8 +3,8 @@
 This module is the only place a default exists (like an Ansible role's defaults/main.yml).
 `parse(data)` turns pyinfra's merged host data into a `Settings` mapping that holds every key,
 validated for where its value goes (shell, cron, systemd, docker options); unknown keys are
-refused with a "did you mean" sentence. `nemofleet settings` prints this table and the README's
-settings section is generated from it (a test keeps them equal).
+refused with a "did you mean" sentence. `nemofleet settings` prints this table and the settings
+reference, docs/settings.md, is generated from it (a test keeps them equal).
 
 Values are checked here for their *form*; whether they make sense together (a context above the
 model's maximum, TP that does not divide the GPUs) is the serving plan's job.
@@ -514,7 +514,7 @@ def pyinfra_keys() -> frozenset[str]:
 
 # ---------------------------------------------------------------------------- the typed model
 #
-# KEYS above is the table (name, type, default, meaning, README row); `Settings` is the typed,
+# KEYS above is the table (name, type, default, meaning, docs/settings.md row); `Settings` is the typed,
 # frozen object built from it: one attribute per key (`s.port_base`), nested values as models
 # of their own, secrets as `secret.Secret`, lists as tuples. `parse()` is the only way to one:
 # every value is checked for its form here (one sentence per bad key) and then typed, so nothing
@@ -752,7 +752,7 @@ def defaults() -> Settings:
 
 
 def markdown_table() -> str:
-    """The README's settings section (generated; a test keeps the README equal to it)."""
+    """The settings table of docs/settings.md (generated; a test keeps the page equal to it)."""
     rows = ["| key | type | default | what |", "|---|---|---|---|"]
     for key in KEYS:
         default = "" if key.default is None else f"`{key.default!r}`".replace("|", "\\|")
@@ -772,8 +772,9 @@ def text_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def write_readme(path: str = "README.md") -> bool:
-    """Replace the README's generated settings table (between its markers); True if it changed."""
+def write_reference(path: str = "docs/settings.md") -> bool:
+    """Replace the generated settings table of the settings reference (between its markers); True if
+    it changed."""
     import pathlib
 
     p = pathlib.Path(path)

@@ -13,7 +13,7 @@ operation module.
 pyinfra also lists its global arguments (`_sudo`, `_if`, ...) for every operation call on every
 host (`pyinfra.api.arguments.all_global_arguments`, from `pop_global_arguments`) with
 `typing.get_type_hints` on the fixed `AllArguments` TypedDict, which compiles each string
-annotation anew: 0.15 ms per call, about 38 calls per host on a no-op (README.md, Speed).
+annotation anew: 0.15 ms per call, about 38 calls per host on a no-op (docs/measurements.md).
 `global_arguments` gives the same list, read once per process.
 
 For each of those arguments it then looks the name up in the host's data (`getattr(host.data,

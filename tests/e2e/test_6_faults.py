@@ -1,5 +1,5 @@
 """Faults and hostile input on the testbed: each is refused or bounded with one sentence, and a
-host that is refused gets nothing changed. (The README's "Faults and bad input" table lists these.)"""
+host that is refused gets nothing changed. (The "Faults and bad input" table of docs/security.md lists these.)"""
 import json
 import time
 

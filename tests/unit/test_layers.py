@@ -1,4 +1,4 @@
-"""The layers point one way (README, Architecture): no import circle in src/nemofleet (imports inside
+"""The layers point one way (docs/architecture.md, Layers): no import circle in src/nemofleet (imports inside
 functions count too), and nothing below the stages imports the fleet layer, the stages or the CLI."""
 import ast
 from pathlib import Path

@@ -162,11 +162,20 @@ def test_one_definition_of_the_image():
     assert len(out) == 1 and "settings.py" in out[0] and "DEFAULT_IMAGE" in out[0], out
 
 
-def test_readme_settings_table_is_generated():
-    readme = (ROOT / "README.md").read_text()
+def test_settings_reference_table_is_generated():
+    reference = (ROOT / "docs" / "settings.md").read_text()
     table = settings.markdown_table()
-    assert table in readme, "run `nemofleet settings --markdown` and paste it into the README"
-    assert re.search(r"<!-- settings:begin -->\n" + re.escape(table) + r"<!-- settings:end -->", readme)
+    assert table in reference, "run `make settings-doc` to regenerate docs/settings.md"
+    assert re.search(r"<!-- settings:begin -->\n" + re.escape(table) + r"<!-- settings:end -->", reference)
+
+
+def test_write_reference_replaces_only_the_table_between_its_markers(tmp_path):
+    page = tmp_path / "settings.md"
+    page.write_text("# Settings\n\nintro\n\n<!-- settings:begin -->\n| stale |\n<!-- settings:end -->\n\nafter\n")
+    assert settings.write_reference(str(page)) is True
+    assert page.read_text() == ("# Settings\n\nintro\n\n<!-- settings:begin -->\n" + settings.markdown_table()
+                                + "<!-- settings:end -->\n\nafter\n")
+    assert settings.write_reference(str(page)) is False  # current: unchanged
 
 
 # Values the settings accepted before they were typed (found by running every settings key with the

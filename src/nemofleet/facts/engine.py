@@ -3,7 +3,7 @@
 Each `docker` CLI call on a converged host cost about 35 ms of its CPU (the Go client's start
 and dockerd's answer), and a no-op made four: `docker info`, `docker image inspect`, `docker
 network inspect` and `docker inspect`. One `python3 -I -S` asking dockerd over its unix socket for
-all of them costs about a third of that (README.md, Speed). The resources are the ones the
+all of them costs about a third of that (docs/measurements.md). The resources are the ones the
 CLI itself asks for (GET /info, /images/{ref}/json, /networks/{name}, /containers/{name}/json),
 so the answers are the same.
 

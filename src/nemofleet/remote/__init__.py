@@ -3,13 +3,13 @@
 Each file here is a whole program: `python3 -I -S <file> ARGS` runs it, and so does
 `python3 -I -S -c <its text> ARGS`, which is how nemofleet sends it (`argv`). The text travels
 in the command itself because facts run before anything is uploaded, and a converged host's
-no-op must stay at its two remote commands (README.md, Speed): sending the program costs no
+no-op must stay at its two remote commands (docs/measurements.md): sending the program costs no
 extra round trip, uploading it would. Every value a program needs reaches it as an argument
 (or from a file it reads on the host, e.g. the 0600 token file); no value is ever formatted
 into a program's source, and the shell line is built by shell.join.
 
 -I: no PYTHON* variables and no user site; -S: no site module (a third of a python start's CPU
-on every converged host's no-op; README.md, Speed). The programs import only the standard
+on every converged host's no-op; docs/measurements.md). The programs import only the standard
 library and never each other (each one is sent alone).
 """
 

@@ -7,7 +7,7 @@ newlines made spaces, which JSON allows between tokens; a newline inside a strin
 escaped). STATUS is the HTTP status, "down" (nothing answers at the socket), "timeout" or
 "garbled"; BODY is then the reason. The host does no JSON: the controller parses it
 (facts/engine.py). `_socket`, not `socket`, and no `json`: their imports (enum, re) were two
-thirds of the read's CPU on a test host (README.md, Speed). HTTP/1.0, one connection per
+thirds of the read's CPU on a test host (docs/measurements.md). HTTP/1.0, one connection per
 request: dockerd closes it after the answer (no chunked body).
 
 KEY and PATH come from the controller (facts/engine.py %-quotes every name in a PATH); a PATH
