@@ -34,12 +34,12 @@ def gather_facts(inventory: str, limit: list[str]) -> dict:
         raise SystemExit(2) from None
 
 
-def host_data(inventory: str, limit: list[str]) -> dict:
-    """Merged host data per host (see nemofleet.fleet.driver)."""
+def host_specs(inventory: str, limit: list[str]) -> dict:
+    """{host: HostSpec} of the selected hosts (see nemofleet.spec and nemofleet.fleet.driver)."""
     from .fleet import driver
 
     try:
-        return driver.host_data(inventory, limit)
+        return driver.host_specs(inventory, limit)
     except driver.FleetError as exc:
         print(f"nemofleet: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -111,33 +111,31 @@ def cmd_plan(a) -> int:
     from .desired import decide
     from .facts.host import facts_file_problem
     from .fleet import driver
+    from .spec import to_resolve
 
     facts = _facts_file(a.facts) if a.facts else gather_facts(a.inventory, a.limit)
-    datas = host_data(a.inventory, a.limit)
-    groups = driver.host_groups(a.inventory, a.limit)
+    specs = host_specs(a.inventory, a.limit)
     if not a.facts:
-        commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: inputs.to_resolve(d) for h, d in datas.items()
+        commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: to_resolve(sp) for h, sp in specs.items()
                                                                        if h in facts})[0] or {}
     else:
         commits = {}  # a facts file: no host to ask, a revision is planned as it is named
     result, rc = {}, 0
-    fan, fan_lines = _plan_fanout(datas, facts, groups)
-    for name, data in datas.items():
+    fan, fan_lines = _plan_fanout(specs, facts)
+    typed = {h: _peer_facts(h, f, a.facts) for h, f in facts.items()}  # a member's unusable facts: PeerMissing
+    planned = {}
+    for name in specs:
         f = facts.get(name)
-        seeds = fan.seed_from(name)
-        if seeds:  # as the deploy of these hosts hands it over (deploy.with_fanout; docs/fanout.md)
-            data = inputs.with_seeds(data, seeds)
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
             result[name] = {"refused": [why], "warnings": []}
             rc = 1
             continue
-        members = inputs.group_of(data)[1]  # () for a value of the wrong type: the settings refuse it
-        peers = {m: _peer_facts(m, facts.get(m), a.facts) for m in members if m != name} if members else None
-        peer_data = {m: datas[m] for m in members if m in datas and m != name} if members else None
+        planned[name] = dict(f, lock=None)
+    every = inputs.gather(specs, {**typed, **planned}, hosts=list(planned), commits=commits,
+                          seeds={h: fan.seed_from(h) for h in planned}, operator=driver.operator())
+    for name, i in every.items():
         try:
-            i = inputs.make(name, data, dict(f, lock=None), inputs.read_secrets(data), groups=groups.get(name),
-                            operator=driver.operator(), peers=peers, peer_data=peer_data, commits=commits.get(name))
             d = decide(i)
         except Exception as exc:  # a shape no parser caught: this host only, never the fleet
             result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "
@@ -155,6 +153,7 @@ def cmd_plan(a) -> int:
         tiny = _tiny_checkpoint(i.facts, result[name]["plan"])
         if tiny:
             result[name]["notes"] = [tiny]
+    result = {h: result[h] for h in specs if h in result}  # inventory order
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
@@ -256,16 +255,14 @@ def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
     return None
 
 
-def _plan_fanout(datas: dict, facts: dict, groups: dict):
+def _plan_fanout(specs: dict, facts: dict):
     """The weights fan-out a converge of these hosts decides (docs/fanout.md; the same
     fanout.for_run as the deploy, over the hosts it would reach: those with facts), and the
     lines to show: the copies of hosts whose facts show the model's directory incomplete."""
-    from . import factmodel, fanout, inputs
+    from . import factmodel, fanout
     from .models import host_dir_name
 
-    reached = {h: d for h, d in datas.items() if isinstance(facts.get(h), dict)}
-    gateway = frozenset(h for h in reached if inputs.GATEWAY_GROUP in (groups.get(h) or ()))
-    run = fanout.for_run(reached, inputs.read_secrets, gateway)
+    run = fanout.for_run({h: sp for h, sp in specs.items() if isinstance(facts.get(h), dict)})
     holders = {}
     for h, c in run.fan.copies.items():
         meta = factmodel.parse(facts[h])[0].models.get(host_dir_name(*c.key))  # a bad part: no models

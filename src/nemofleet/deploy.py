@@ -16,9 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, fanout, paths, render, runlock
-from . import settings as settings_mod
-from . import factmodel, inputs
+from . import bootstrap, factmodel, fanout, inputs, paths, render, runlock, spec
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .facts.host import HostFacts, known_reads
@@ -38,68 +36,66 @@ def data(of=None) -> dict:
     return {k: h.data.get(k) for k in keys}
 
 
-def _host_facts(h, d: dict, own: bool = False) -> dict:
-    """HostFacts of host `h`, read for the image it will really pull (after the registry rewrite).
-    What the operations will ask for again (daemon.json, the image, a verified weights marker) is
-    handed to the batched read of this run, which then does not read it twice (facts/prefetch.py)."""
-    args = inputs.facts_args(d)
+def _host_facts(h, sp, own: bool = False) -> dict:
+    """HostFacts of host `h` (its spec `sp`), read for the image it will really pull (after the
+    registry rewrite). What the operations will ask for again (daemon.json, the image, a verified
+    weights marker) is handed to the batched read of this run, which then does not read it twice
+    (facts/prefetch.py)."""
+    args = spec.facts_args(sp)
     facts = h.get_fact(HostFacts, **args)
     if own and isinstance(facts, dict):  # this host's (a serving group peer's are its own run's)
         prefetch.known(known_reads(facts, **args))
     return facts
 
 
-def group_peers(d: dict) -> tuple[dict | None, dict | None]:
-    """({member: HostFacts, or factmodel.PeerMissing with its sentence}, {member: host data}) of the other members of this host's multi-node
-    serving group, each read over that member's own connection (multinode.py plans the group
-    from every member's facts). A member outside this run is left out: the plan refuses."""
-    members = inputs.group_of(d)[1]
-    if not members:
-        return None, None
+def group_peers(sp) -> dict:
+    """{member: HostFacts, or factmodel.PeerMissing with its sentence} of the other members of this
+    host's multi-node serving group, each read over that member's own connection (multinode.py
+    plans the group from every member's facts). A member outside this run is left out: the plan
+    refuses."""
     state = host.state
-    peers, peer_data = {}, {}
-    for name in members:
-        if name == host.name or not isinstance(name, str):
+    peers: dict = {}
+    for name in sp.members:
+        if name == host.name:
             continue
         other = state.inventory.get_host(name, None)
         if other is None:
             peers[name] = factmodel.PeerMissing(why="is not a host of this inventory")
             continue
-        if not state.is_host_in_limit(other):
+        if not state.is_host_in_limit(other) or name not in run().specs:
             continue
-        peer_data[name] = data(other)
         try:
-            peers[name] = _host_facts(other, peer_data[name])
+            peers[name] = _host_facts(other, run().specs[name])
         except Exception as exc:  # an unreachable member refuses the group, never the run
             said = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
             peers[name] = factmodel.PeerMissing(why=f"did not answer ({said})")
-    return peers, peer_data
+    return peers
 
 
-_RUNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # {pyinfra State: fanout.Run}
+class Run:
+    """What one pyinfra run reads once for all its hosts: their specs (spec.read_all: host data
+    and secrets, typed) and the weights fan-out decided from them (docs/fanout.md)."""
 
-
-def run_fanout() -> fanout.Run:
-    """The weights fan-out of this pyinfra run (docs/fanout.md), decided once per run from the
-    data of every host it deploys (the hosts pyinfra connected to, within --limit, in inventory
-    order): pyinfra prepares the hosts concurrently, so each host reads the same decision and no
-    host reads another's facts for it."""
-    state = host.state
-    run = _RUNS.get(state)
-    if run is None:
+    def __init__(self, state):
+        hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
+        self.specs = spec.read_all({h.name: data(h) for h in hosts}, {h.name: h.groups for h in hosts},
+                                   tuple(getattr(state.inventory, "override_data", None) or ()))
+        # the hosts pyinfra connected to, in inventory order: pyinfra prepares them concurrently, so
+        # each host reads the same decision and no host reads another's facts for it
         active = set(state.active_hosts)
-        hosts = [h for h in state.inventory if h in active and state.is_host_in_limit(h)]
-        datas = {h.name: data(h) for h in hosts}
-        gateway = frozenset(h.name for h in hosts if inputs.GATEWAY_GROUP in (h.groups or ()))
-        run = _RUNS[state] = fanout.for_run(datas, inputs.read_secrets, gateway)
-    return run
+        self.fanout = fanout.for_run({h.name: self.specs[h.name] for h in hosts if h in active})
 
 
-def with_fanout(d: dict) -> dict:
-    """Host data with this run's fan-out sources as its `weights_seed_from` (none when it fetches
-    from the origin, holds its own peers or the run has one host)."""
-    seeds = run_fanout().seed_from(host.name)
-    return inputs.with_seeds(d, seeds)
+_RUNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # {pyinfra State: Run}
+
+
+def run() -> Run:
+    """This pyinfra run's Run (read at its first use, once per pyinfra state)."""
+    state = host.state
+    r = _RUNS.get(state)
+    if r is None:
+        r = _RUNS[state] = Run(state)
+    return r
 
 
 def operator() -> str:
@@ -107,33 +103,30 @@ def operator() -> str:
 
 
 def host_inputs() -> HostInputs:
-    """This host's HostInputs, read from pyinfra: host data, HostFacts for the image it pulls, the
-    commits of unpinned revisions (asked from the host), the serving group's peers, the
-    secrets from the controller, the lock token of this run, the host's groups."""
-    d = with_fanout(data())
-    facts = _host_facts(host, d, own=True)
+    """This host's HostInputs, from the one gatherer: its spec, HostFacts for the image it pulls, the
+    commits of unpinned revisions (asked from the host), the serving group's peers, the lock
+    token of this run and the fan-out's sources for it."""
+    r = run()
+    sp = r.specs[host.name]
+    facts = _host_facts(host, sp, own=True)
     # a revision that is not a commit is resolved once, from the host (no query when pinned)
-    commits = {(e, r, v): host.get_fact(HubCommit, endpoint=e, repo=r, revision=v)
-               for e, r, v in inputs.to_resolve(d)}
-    peers, peer_data = group_peers(d)
-    if peers is not None:
+    commits = {(e, rp, v): host.get_fact(HubCommit, endpoint=e, repo=rp, revision=v) for e, rp, v in spec.to_resolve(sp)}
+    peers = group_peers(sp) if sp.members else {}
+    if sp.members:
         # a worker checks, before anything changes, that the head answers on the rendezvous port
         # (an answer, even "refused" before the head runs, proves the route; silence is a firewall)
         from .facts.network import TcpReach
         from .multinode import head_probe
 
-        s = inputs.parse_or_none(d)
-        # head_probe reads the head's addresses alone: only its facts are typed here (inputs.make
-        # types every member's below)
-        head = s.serving_group_members[0] if s is not None and s.serving_group_members else None
+        head = sp.members[0]
         known = {**peers, host.name: facts}
-        target = head_probe(host.name, s, {head: factmodel.parse_peer(head, known.get(head))}) if head else None
+        target = head_probe(host.name, sp.settings, {head: factmodel.parse_peer(head, known.get(head))})
         if target:
             facts["head_reach"] = {"target": f"{target[0]}:{target[1]}",
                                    "state": host.get_fact(TcpReach, address=target[0], port=target[1])}
-    return inputs.make(host.name, d, facts, inputs.read_secrets(d), groups=host.groups, operator=operator(),
-                       lock_token=runlock.token(), now=time.time(), peers=peers, peer_data=peer_data,
-                       commits=commits, command_line=tuple(getattr(host.inventory, "override_data", None) or ()))
+    return inputs.gather(r.specs, {**peers, host.name: facts}, hosts=[host.name], commits={host.name: commits},
+                         seeds={host.name: r.fanout.seed_from(host.name)}, lock_token=runlock.token(),
+                         now=time.time(), operator=operator())[host.name]
 
 
 def desired() -> Desired:
@@ -359,14 +352,11 @@ def health(want: Desired, started: bool = False) -> None:
 
 def nemotron() -> None:
     """The main job: fresh GPU hosts to serving; a converged host changes nothing."""
-    if inputs.GATEWAY_GROUP in (host.groups or ()):  # no GPUs there: deploys/gateway.py configures it
-        host.log(f"a host of group {inputs.GATEWAY_GROUP}: deploys/gateway.py configures it; nothing to serve here",
+    if spec.GATEWAY_GROUP in (host.groups or ()):  # no GPUs there: deploys/gateway.py configures it
+        host.log(f"a host of group {spec.GATEWAY_GROUP}: deploys/gateway.py configures it; nothing to serve here",
                  logger.info)
         return
-    try:
-        s = settings_mod.parse(data())
-    except settings_mod.SettingsError:
-        s = None  # refused with its sentences by preflight
+    s = run().specs[host.name].settings  # None: refused with its sentences by preflight
     pending = bootstrap.install(s) if s is not None else False
     if pending:  # the driver/toolkit change first: preflight must see the host as it is then
         python.call(name="Preflight and converge on the freshly installed host", function=converge)
@@ -430,8 +420,7 @@ def preflight_only() -> None:
 
 @deploy("nemofleet gateway preflight")
 def _gateway_preflight() -> Desired:
-    d = data()
-    want = decide(inputs.make(host.name, d, {}, inputs.read_secrets(d), groups=host.groups, operator=operator()))
+    want = decide(inputs.gather(run().specs, {host.name: {}}, hosts=[host.name], operator=operator())[host.name])
     preflight.verdict(name="Preflight: can this host be the gateway?", refusals=want.refusals)
     return want
 
@@ -447,8 +436,8 @@ def _gateway_configure(want: Desired) -> None:
 def gateway() -> None:
     """deploys/gateway.py: configure the hosts of group `gateway` (HAProxy over gateway_backends,
     desired._gateway decides it); any other host is left alone."""
-    if inputs.GATEWAY_GROUP not in (host.groups or ()):
-        host.log(f"not in inventory group {inputs.GATEWAY_GROUP}: deploys/gateway.py leaves this host alone",
+    if spec.GATEWAY_GROUP not in (host.groups or ()):
+        host.log(f"not in inventory group {spec.GATEWAY_GROUP}: deploys/gateway.py leaves this host alone",
                  logger.info)
         return
     want = _gateway_preflight()

@@ -9,6 +9,7 @@ pyinfra operations.
 
 from __future__ import annotations
 
+
 import json
 import re
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from . import preflight as checks
 from . import settings as settings_mod
 from . import hostcmd as fleet_commands
 from . import planning
-from .inputs import GATEWAY_GROUP, GPU_CLASS_GROUPS, SECRET_KEYS, HostInputs, group_problems, make, to_resolve  # noqa: F401
+from .inputs import GATEWAY_GROUP, SECRET_KEYS, HostInputs, make  # noqa: F401
 from .gpuaccess import effective_cgroup_driver
 from .factmodel import Facts, ModelDir
 from .planmodel import Plan
@@ -319,14 +320,13 @@ GROUP_LOCAL_KEYS = ("serving_group_interface", "expected_host_key", "install_nvi
                     "http_proxy", "https_proxy", "no_proxy")
 
 
-def group_differences(s: settings_mod.Settings, peer_data: dict) -> list[str]:
-    """One sentence per member whose settings differ from this host's on a key the group shares."""
+def group_differences(s: settings_mod.Settings, peer_settings: Mapping) -> list[str]:
+    """One sentence per member whose settings differ from this host's on a key the group shares
+    (`peer_settings`: {member: Settings, or the sentence why it has none}, from their specs)."""
     out = []
-    for member, data in sorted((peer_data or {}).items()):
-        try:
-            other = settings_mod.parse(data)
-        except settings_mod.SettingsError as exc:
-            out.append(f"serving group member {member} has bad settings ({'; '.join(exc.problems)[:200]})")
+    for member, other in sorted((peer_settings or {}).items()):
+        if isinstance(other, str):
+            out.append(f"serving group member {member} {other}")
             continue
         keys = [k.name for k in settings_mod.KEYS if k.name not in GROUP_LOCAL_KEYS and not k.secret
                 and getattr(other, k.name) != getattr(s, k.name)]
@@ -360,7 +360,7 @@ def decide(i: HostInputs) -> Desired:
         return d
     d.settings = s
     if s.serving_group:
-        d.refusals += group_differences(s, dict(i.peer_data or {}))
+        d.refusals += group_differences(s, i.peer_settings or {})
         if d.refusals:
             return d
     p = d.preview = _plan(i, d)

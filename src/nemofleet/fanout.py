@@ -19,13 +19,11 @@ Layer: decision (settings, models); imports nothing from fleet/.
 
 from __future__ import annotations
 
-import re
 from . import shell  # the one quoting boundary
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import models as catalog
-from . import settings as settings_mod
 
 Key = tuple  # (repo, revision)
 SPARE_SOURCES = 2  # holders named after the first, tried in order before the origin
@@ -119,19 +117,19 @@ def decide(batches: list[list[str]], wants: Mapping, holders: Mapping, spare: in
     return out
 
 
-def wanted(data: Mapping, secrets: Mapping) -> Key | None:
-    """The (repo, revision) a host takes part in the fan-out with, or None when it does not: its
-    settings do not parse, it is a member of a multi-node serving group (its members fetch as
-    they would alone), names its own peers (`weights_seed_from`), turned it off
+def wanted(sp) -> Key | None:
+    """The (repo, revision) a host (its spec.HostSpec) takes part in the fan-out with, or None when
+    it does not: its settings do not parse, it is a member of a multi-node serving group (its
+    members fetch as they would alone), names its own peers (`weights_seed_from`), turned it off
     (`weights_fanout: false`), or the fleet seed key (private and public) is not configured."""
+    s = sp.settings
+    if s is None or not s.weights_fanout or s.weights_seed_from is not None or s.serving_group:
+        return None
+    if not (sp.secrets.get("weights_seed_key") and sp.secrets.get("weights_seed_public_key")):
+        return None
     try:
-        s = settings_mod.parse(dict(data))
         model = catalog.resolve(s.model)
-    except (settings_mod.SettingsError, catalog.UnknownModel):
-        return None
-    if not s.weights_fanout or s.weights_seed_from is not None or s.serving_group:
-        return None
-    if not (secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key")):
+    except catalog.UnknownModel:
         return None
     return (model.repo, model.revision)
 
@@ -170,51 +168,35 @@ class Run:
         return out
 
 
-def for_run(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> Run:
-    """Who copies from whom in one converge of the hosts of `datas` ({host: host data}, in the
-    inventory's order), decided from their data alone, so every host of the run decides the same
+def for_run(specs: Mapping) -> Run:
+    """Who copies from whom in one converge of the hosts of `specs` ({host: HostSpec}, in the
+    inventory's order), decided from their specs alone, so every host of the run decides the same
     tree without reading another host's facts (no extra remote command). The first host of the
     run that wants a (repo, revision) fetches it from the origin unless one of the next
     HELD_PROBES hosts holds it already; a host that holds it changes nothing and, named as a
-    source, is copied from at once. `secrets_of(data)`: the host's secrets (the seed key);
-    hosts in `gateway` serve no model."""
-    wants, address = participants(datas, secrets_of, gateway)
+    source, is copied from at once. Gateways serve no model. Each host's sources reach it as its
+    `seed_from(host)`, which the gatherer sets as its weights_seed_from (never host data)."""
+    wants, address = participants(specs)
     fan = decide([list(wants)], wants, {}) if len(wants) > 1 else FanOut()
     probes = {h: tuple(o for o in wants if o != h and wants[o] == c.key)[:HELD_PROBES]
               for h, c in fan.copies.items() if not c.sources}
     return Run(fan, address, probes)
 
 
-def participants(datas: Mapping, secrets_of, gateway: frozenset = frozenset()) -> tuple[dict, dict]:
-    """({host: (repo, revision)} of the hosts of `datas` that take part (`wanted`), in its order;
-    {host: where the other hosts reach it} for every host of `datas`), for a converge (for_run)
+def participants(specs: Mapping) -> tuple[dict, dict]:
+    """({host: (repo, revision)} of the hosts of `specs` that take part (`wanted`), in its order;
+    {host: where the other hosts reach it} for every host of `specs`), for a converge (for_run)
     and a rollout (fleet/rollout.py) alike."""
-    wants = {h: wanted(d, secrets_of(d)) for h, d in datas.items() if h not in gateway}
+    wants = {h: wanted(sp) for h, sp in specs.items() if not sp.gateway}
     return ({h: k for h, k in wants.items() if k is not None},
-            {h: peer_address(h, d) for h, d in datas.items()})
+            {h: sp.peer_address for h, sp in specs.items()})
 
 
-def peer_address(name: str, data: Mapping) -> str:
-    """Where the other hosts reach `name`'s sshd for a copy: `weights_peer_address`, else the
-    address the controller reaches it at (pyinfra's `ssh_hostname`, when it is a host name or
-    address and not a loopback one), else the inventory name."""
-    given = data.get("weights_peer_address")
-    if given:
-        return given
-    ssh = data.get("ssh_hostname")
-    if isinstance(ssh, str) and re.fullmatch(settings_mod.HOSTNAME, ssh) and not (
-            ssh == "localhost" or ssh.startswith("127.") or ssh == "::1"):
-        return ssh
-    return name
-
-
-def weights_dir(data: Mapping, key: Key) -> str | None:
-    """Where a host keeps `key`'s weights (the plan's directory of the model)."""
-    try:
-        root = settings_mod.parse(dict(data)).models_root
-    except settings_mod.SettingsError:
+def weights_dir(sp, key: Key) -> str | None:
+    """Where a host (its HostSpec) keeps `key`'s weights (the plan's directory of the model)."""
+    if sp.settings is None:
         return None
-    return f"{root}/{catalog.host_dir_name(*key)}"
+    return f"{sp.settings.models_root}/{catalog.host_dir_name(*key)}"
 
 
 HELD_MARK = "nemofleet-holds "

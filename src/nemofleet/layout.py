@@ -44,10 +44,10 @@ class NoFit(Exception):
 
 
 def parse_settings(data) -> settings.Settings:
-    if isinstance(data, settings.Settings):
-        return data
+    from .spec import settings_of
+
     try:
-        return settings.parse(data)
+        return settings_of(data)
     except settings.SettingsError as exc:
         raise PlanError("; ".join(exc.problems)) from None
 

@@ -14,7 +14,7 @@ from . import plan as planner
 from . import planning
 from . import vllm_flags
 from .settings import Settings, SettingsError
-from .settings import parse as parse_settings
+from .spec import settings_of as parse_settings
 from .versions import parse as vt
 
 # Minimum driver per CUDA version, GA releases (NVIDIA's CUDA 13.2 U2 release notes, table 3;

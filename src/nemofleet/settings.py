@@ -628,10 +628,11 @@ MAX_PEM = 65536
 def _check(key: Key, value) -> str | None:
     if value is None and type(None) in key.types:
         return None
-    if isinstance(value, bool) and bool not in key.types:
-        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.shown(value)}"
-    if not isinstance(value, key.types):
-        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.shown(value)}"
+    if (isinstance(value, bool) and bool not in key.types) or not isinstance(value, key.types):
+        # a secret (or a URL, which may hold credentials) of the wrong type is named by its type
+        # alone: the value may still be the secret
+        hide = key.secret or key.pattern in (URL, SAFE_URL)
+        return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.kind(value) if hide else vt.shown(value)}"
     if key.choices is not None and value not in key.choices:
         shown = [str(c) for c in key.choices if c]
         return f"{key.name} {vt.shown(value)} is unknown; use {', '.join(shown[:-1])} or {shown[-1]}"
@@ -659,8 +660,8 @@ def _check(key: Key, value) -> str | None:
         if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
         if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
-            example = f"https://{text}" if len(text) <= vt.SHOWN else "http:// or https://"
-            return f"{key.name}: {vt.shown(text)} needs a scheme, e.g. {example}"
+            # shown as the URL it should be, so that its credentials (user:password@) are hidden too
+            return f"{key.name}: {vt.shown('https://' + text)[9:-1]} needs a scheme, e.g. {vt.shown('https://' + text)[1:-1]}"
         if key.pattern and not re.fullmatch(key.pattern, text):
             shown = "its value" if key.secret else vt.shown(text)
             return f"{key.name} {shown} is not valid here ({key.doc}; expected {key.pattern})"
@@ -734,7 +735,8 @@ def parse(data: dict) -> Settings:
         except (pydantic.ValidationError, TypeError, ValueError, KeyError, RecursionError) as exc:
             # a value the sentences above let through but its type does not take: named, never raised
             problems.append(f"{key.name} has a value of a shape nemofleet cannot use ({type(exc).__name__}): "
-                            f"{vt.shown(out[key.name])}; `nemofleet settings` shows its type")
+                            f"{vt.kind(out[key.name]) if key.secret else vt.shown(out[key.name])}; "
+                            "`nemofleet settings` shows its type")
     if problems:
         raise SettingsError(problems)
     try:

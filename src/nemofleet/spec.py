@@ -111,7 +111,7 @@ def read_secrets(data: Mapping) -> Secrets:
         path = data.get(f"{name}_file", key.default if key is not None else None)
         origin = name
         if value is not None and not isinstance(value, str):  # named by its type alone
-            problems.append(f"{name} must be a string, not {settings_mod.type_word(value)}")
+            problems.append(f"{name} must be a string, not {settings_mod.vt.kind(value)}")
             out[name] = None
             continue
         if not value and isinstance(path, str) and path:
@@ -210,6 +210,13 @@ def peer_address(name: str, data: Mapping) -> str:
     return name
 
 
+def settings_of(data) -> settings_mod.Settings:
+    """Host data (or Settings, as they are) -> Settings; raises SettingsError with one sentence per
+    bad key. The one caller of settings.parse: `read` for a host, and the planner's own entry
+    points (plan.make_plan and preflight.check take host data in their tests and tools)."""
+    return data if isinstance(data, settings_mod.Settings) else settings_mod.parse(data)
+
+
 def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpec:
     """One host's spec: secrets typed first, then the settings parsed once; `groups` as pyinfra
     lists them; `command_line`: the keys pyinfra's --data gave (a secret among them refuses it)."""
@@ -225,7 +232,7 @@ def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpe
     # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
     refusals += [why for why in map(settings_mod.command_line_secret, command_line) if why]
     try:
-        s = settings_mod.parse(data)
+        s = settings_of(data)
     except settings_mod.SettingsError as exc:
         s = None
         refusals += [p for p in exc.problems if p not in secrets.problems]

@@ -25,14 +25,31 @@ INT_MAX = 2**53
 SHOWN = 60
 
 
+# The credentials of a URL (`scheme://user:password@host`), wherever one stands in a shown value.
+# up to the last @ (a password may hold one); a URL written without its scheme (`user:pw@host`) too
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://|(?<![^\s'\"\[(,]))[^/?#\s'\"]*:[^/?#\s'\"]*@|"
+                       r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"]*@")
+
+
 def shown(value) -> str:
+    """The one way a value enters a sentence: repr() (control characters, escape sequences and
+    Unicode line separators escaped), a URL's credentials replaced by `***`, shortened; a secret
+    (nemofleet.secret.Secret) shows as <secret> by its own repr."""
     try:
         text = repr(value)
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if is_int(value) else "a value"
     except RecursionError:
         return "a value nested too deeply to show"
+    text = _USERINFO.sub(lambda m: (m.group(1) or m.group(2) or "") + "***@", text)
     return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
+
+
+def kind(value) -> str:
+    """A value's type in words ("a list", "bytes"), for a sentence that must not show the value."""
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", bytes: "bytes",
+             list: "a list", tuple: "a list", dict: "a mapping", type(None): "null"}
+    return next((w for t, w in names.items() if type(value) is t), f"a {type(value).__name__}")
 
 
 def is_int(value) -> bool:

@@ -228,8 +228,10 @@ def test_secrets_are_a_type_that_never_shows_its_value(tmp_path):
 def test_a_branch_is_resolved_to_a_commit_once_and_planned_as_that_commit():
     data = {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "main"}, "hf_endpoint": "http://m:8090"}
     key = ("http://m:8090", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4", "main")
-    assert desired.to_resolve(data) == [key]
-    assert desired.to_resolve(CASES["h200-1x-cdi"][1]) == []  # pinned: no query
+    from nemofleet.spec import read, to_resolve
+
+    assert to_resolve(read("h", data)) == [key]
+    assert to_resolve(read("h", CASES["h200-1x-cdi"][1])) == []  # pinned: no query
     f = facts()
     d = desired.build("h", data, f, SECRETS, commits={key: {"sha": REV}})
     assert d.ok and d.plan.model.revision == REV and all(x.revision == REV for x in d.downloads)

@@ -82,18 +82,32 @@ def test_seed_from_names_peers_as_they_reach_each_other():
     assert settings_mod._check(settings_mod.BY_NAME["weights_seed_from"], peers) is None
 
 
+def _spec(data, secrets=None, name="h", groups=()):
+    """The host's spec as the edge reads it (spec.read), with these secrets (the fleet seed key)."""
+    from dataclasses import replace
+
+    from nemofleet import spec
+
+    sp = spec.read(name, data, groups)
+    return replace(sp, secrets=spec.typed_secrets(KEYS if secrets is None else secrets))
+
+
+def _specs(datas, secrets=None, gateway=()):
+    return {h: _spec(d, secrets, h, ("gateway",) if h in gateway else ()) for h, d in datas.items()}
+
+
 def test_who_takes_part():
     data = {"model": {"catalog": "nemotron-3.5-lightning-nvfp4", "revision": "c" * 40}}
-    key = fanout.wanted(data, KEYS)
+    key = fanout.wanted(_spec(data))
     assert key is not None and key[1] == "c" * 40
-    assert fanout.wanted(data, {}) is None  # no fleet seed key: no fan-out
-    assert fanout.wanted({**data, "weights_fanout": False}, KEYS) is None
-    assert fanout.wanted({**data, "weights_seed_from": "peer"}, KEYS) is None  # the operator's choice wins
+    assert fanout.wanted(_spec(data, {})) is None  # no fleet seed key: no fan-out
+    assert fanout.wanted(_spec({**data, "weights_fanout": False})) is None
+    assert fanout.wanted(_spec({**data, "weights_seed_from": "peer"})) is None  # the operator's choice wins
     group = {**data, "serving_group": "g", "serving_group_members": ["a", "b"]}
     assert settings_mod.parse(group).serving_group == "g"  # it parses: left out for being a member
-    assert fanout.wanted(group, KEYS) is None  # a multi-node group's members fetch as they would alone
-    assert fanout.wanted({**data, "port_base": "x"}, KEYS) is None
-    assert fanout.weights_dir(data, key).startswith("/srv/nemofleet/models/")
+    assert fanout.wanted(_spec(group)) is None  # a multi-node group's members fetch as they would alone
+    assert fanout.wanted(_spec({**data, "port_base": "x"})) is None
+    assert fanout.weights_dir(_spec(data), key).startswith("/srv/nemofleet/models/")
 
 
 def test_holders_read_without_python():
@@ -145,7 +159,7 @@ def test_plan_shows_who_seeds_whom_and_each_host_says_its_sources(tmp_path, caps
     inv = tmp_path / f"inv_fan_{tmp_path.name.replace('-', '_')}.py"
     inv.write_text(f"gpu_h200 = {[(n, dict(data, weights_peer_address=f'10.0.0.{k}')) for k, n in enumerate(names, 1)]!r}\n")
     f = {n: facts() for n in names}
-    key = fanout.wanted(data, {**KEYS})
+    key = fanout.wanted(_spec(data))
     f["h200-2"]["models"] = {host_dir_name(*key): {"complete": True, "revision": key[1]}}  # h200-2 holds it
     (tmp_path / "facts.json").write_text(json.dumps(f))
     assert cli.main(["plan", str(inv), "--facts", str(tmp_path / "facts.json")]) == 0
@@ -166,7 +180,7 @@ def test_a_converge_decides_one_tree_from_the_hosts_data_alone():
     datas = _run_data(6)
     datas["h3"] = {**datas["h3"], "weights_fanout": False}  # fetches alone
     datas["h5"] = {**datas["h5"], "weights_seed_from": "elsewhere"}  # the operator's peer wins
-    run = fanout.for_run(datas, lambda d: KEYS, gateway=frozenset({"h6"}))
+    run = fanout.for_run(_specs(datas, gateway={"h6"}))
     assert set(run.fan.copies) == {"h1", "h2", "h4"}
     # the origin fetcher first asks the others of the run whether they hold it now (no waiting)
     assert run.seed_from("h1") == [{"host": "nf-h2", "held": True}, {"host": "nf-h4", "held": True}]
@@ -178,8 +192,8 @@ def test_a_converge_decides_one_tree_from_the_hosts_data_alone():
     for h in ("h1", "h2", "h4"):  # what a host is handed parses as its own setting would
         assert settings_mod.parse({**datas[h], "weights_seed_from": run.seed_from(h)}).weights_seed_from
     # one host alone, or no seed key: nothing changes
-    assert fanout.for_run(_run_data(1), lambda d: KEYS).seed_from("h1") is None
-    assert fanout.for_run(_run_data(4), lambda d: {}).seed_from("h2") is None
+    assert fanout.for_run(_specs(_run_data(1))).seed_from("h1") is None
+    assert fanout.for_run(_specs(_run_data(4), {})).seed_from("h2") is None
     # a host already holding it is named in the plan as the source it is
     assert run.lines({"h2": {run.fan.copies["h1"].key}}) == [
         f"h1: copies nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4@cccccccccccc from h2, then the origin "
@@ -201,14 +215,15 @@ def test_held_and_start_are_typed_and_exclusive():
 
 
 def test_the_deploy_decides_the_run_once_for_every_host(tmp_path, monkeypatch):
-    """deploy.run_fanout under real pyinfra: every host of the run reads the same decision (one
-    per State), from the hosts pyinfra connected to within --limit, in inventory order."""
+    """deploy.run under real pyinfra: every host of the run reads the same specs and fan-out (one
+    per State), from the hosts pyinfra connected to within --limit, in inventory order; the
+    sources reach each host as its own weights_seed_from, never written into host data."""
     from pyinfra.api import Config, Inventory, State
     from pyinfra.context import ctx_host, ctx_state
 
-    from nemofleet import deploy, inputs
+    from nemofleet import deploy, spec
 
-    monkeypatch.setattr(inputs, "read_secrets", lambda d: dict(KEYS))
+    monkeypatch.setattr(spec, "read_secrets", lambda d: spec.typed_secrets(KEYS))
     datas = _run_data(3)
     inventory = Inventory(([(h, d) for h, d in datas.items()], {}))
     state = State(inventory, Config())
@@ -218,8 +233,9 @@ def test_the_deploy_decides_the_run_once_for_every_host(tmp_path, monkeypatch):
     with ctx_state.use(state):
         for h in inventory:
             with ctx_host.use(h):
-                seen[h.name] = deploy.with_fanout(deploy.data()).get("weights_seed_from")
-                runs.add(id(deploy.run_fanout()))
+                seen[h.name] = deploy.run().fanout.seed_from(h.name)
+                runs.add(id(deploy.run()))
+                assert "weights_seed_from" not in deploy.data()
     assert len(runs) == 1  # decided once for the run
     assert seen == {"h1": [{"host": "nf-h2", "held": True}, {"host": "nf-h3", "held": True}],
                     "h2": [{"host": "nf-h1", "wait": 600, "start": 60}],
@@ -230,14 +246,16 @@ def test_the_deploy_decides_the_run_once_for_every_host(tmp_path, monkeypatch):
         limited.activate_host(h)
     limited.limit_hosts = [inventory.get_host("h2")]
     with ctx_state.use(limited), ctx_host.use(inventory.get_host("h2")):
-        assert "weights_seed_from" not in deploy.with_fanout(deploy.data())
+        assert deploy.run().fanout.seed_from("h2") is None
 
 
 def test_peers_are_reached_where_the_controller_reaches_them_unless_told():
-    assert fanout.peer_address("gpu-7", {"weights_peer_address": "10.1.0.7", "ssh_hostname": "1.2.3.4"}) == "10.1.0.7"
-    assert fanout.peer_address("gpu-7", {"ssh_hostname": "10.0.0.7"}) == "10.0.0.7"  # an inventory alias
+    from nemofleet.spec import peer_address
+
+    assert peer_address("gpu-7", {"weights_peer_address": "10.1.0.7", "ssh_hostname": "1.2.3.4"}) == "10.1.0.7"
+    assert peer_address("gpu-7", {"ssh_hostname": "10.0.0.7"}) == "10.0.0.7"  # an inventory alias
     for odd in ("127.0.0.1", "localhost", "::1", "a b", "$(reboot)", 7, None):
-        assert fanout.peer_address("gpu-7", {"ssh_hostname": odd}) == "gpu-7"
-    run = fanout.for_run({h: {**d, "ssh_hostname": f"10.0.0.{h[1:]}", "weights_peer_address": None}
-                          for h, d in _run_data(2).items()}, lambda d: KEYS)
+        assert peer_address("gpu-7", {"ssh_hostname": odd}) == "gpu-7"
+    run = fanout.for_run(_specs({h: {**d, "ssh_hostname": f"10.0.0.{h[1:]}", "weights_peer_address": None}
+                                 for h, d in _run_data(2).items()}))
     assert run.seed_from("h2") == [{"host": "10.0.0.1", "wait": fanout.SOURCE_STALL, "start": fanout.SOURCE_START}]

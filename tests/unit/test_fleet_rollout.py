@@ -316,7 +316,8 @@ def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
     from nemofleet import fanout
 
     pub = {"weights_seed_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFy02I2mbKJF+J/uLS5Tm25gylWlotT5MStmUt3NAvDu fleet"}
-    monkeypatch.setattr(rollout.inputs, "read_secrets", lambda d: {**d, **pub} if "weights_seed_key" in d else {})
+    monkeypatch.setattr(rollout.spec, "read_secrets",
+                        lambda d: rollout.spec.typed_secrets({**d, **pub} if "weights_seed_key" in d else {}))
     monkeypatch.setattr(driver, "serving_hosts", lambda inv, limit=None: [n for n in names if not limit or n in limit])
     monkeypatch.setattr(driver, "group_units", lambda inv, hosts: [[h] for h in hosts])
     monkeypatch.setattr(driver, "host_data", lambda inv, limit=None: datas or {n: dict(SEEDED, weights_peer_address=f"nf-{n}")
@@ -326,7 +327,8 @@ def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
     def exec_all(inv, hosts, script, timeout=0, env=None):
         if "nemofleet-complete" in script:
             probes.append(script)
-            d = fanout.weights_dir(SEEDED, fanout.wanted(SEEDED, {**SEEDED, **pub}))
+            sp = rollout.spec.read("h", SEEDED)  # its secrets as read_secrets above gives them
+            d = fanout.weights_dir(sp, fanout.wanted(sp))
             return {h: Exec(h, 0, f"{fanout.HELD_MARK}{d}" if h in holds else "") for h in hosts}
         return {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
                         if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts}

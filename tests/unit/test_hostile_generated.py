@@ -261,3 +261,52 @@ def test_a_hostile_facts_file_is_one_sentence(text, label, tmp_path, monkeypatch
         assert "facts.json" in err and len(err.strip().splitlines()) == 1, err
     else:
         assert result[CLEAN]["refused"] == [] and result["h"]["refused"], result
+
+
+# ---------------------------------------------------------------------------- nothing shown that should not be
+
+MARK = "Zq9sEcReTpw"  # a secret no sentence may contain, in any form its value takes
+# the keys whose value is, or may carry, a secret: the secret keys, and every URL (credentials in it)
+SECRET_BEARING = sorted(k.name for k in settings.KEYS if k.secret or k.pattern in (settings.URL, settings.SAFE_URL))
+
+
+def _carrying(key: settings.Key, label: str, value):
+    """The hostile value of class `label`, made to carry MARK where its type can (a URL's password,
+    a list's item, a mapping's value, bytes); numbers and booleans carry none but still go through."""
+    url = key.pattern in (settings.URL, settings.SAFE_URL)
+    if isinstance(value, str):
+        return f"http://user:{MARK}@h.example/{value}" if url else MARK + value
+    if isinstance(value, list):
+        return [f"http://user:{MARK}@h.example/" if url else MARK, *value]
+    if isinstance(value, dict):
+        return {"k": MARK, **value}
+    return value
+
+
+@pytest.mark.parametrize("key", SECRET_BEARING)
+def test_no_secret_of_any_type_is_shown(key, tmp_path, monkeypatch):
+    """Every secret-bearing setting through every bad-value class (and bytes, and a URL whose
+    credentials sit beside one bad character): the secret is in no output of `nemofleet plan`,
+    text, -v or --json, stdout or stderr, nor in any refusal or warning of the decision."""
+    k = settings.BY_NAME[key]
+    values = [(label, _carrying(k, label, v)) for label, v in HOSTILE]
+    values += [("bytes", MARK.encode()), ("url-bad-char", f"http://user:{MARK}@proxy.example:31 28"),
+               ("url-no-scheme", f"user:{MARK}@proxy.example:3128"), ("url-at-in-password", f"http://u:a@{MARK}@h.x/\x01")]
+    hosts = {CLEAN: (BASE, DATA)}
+    hosts.update({f"h-{label}": (BASE, {**DATA, key: value}) for label, value in values})
+    rc, result, err = _plan(tmp_path, monkeypatch, hosts)
+    assert rc in (0, 1) and MARK not in json.dumps(result) and MARK not in err, (rc, err[-500:])
+    for argv in (["plan", f"inv_{tmp_path.name.replace('-', '_')}.py", "--facts", "facts.json"],
+                 ["plan", f"inv_{tmp_path.name.replace('-', '_')}.py", "--facts", "facts.json", "-v"]):
+        out, errs = io.StringIO(), io.StringIO()
+        monkeypatch.setattr("sys.stdout", out)
+        monkeypatch.setattr("sys.stderr", errs)
+        try:
+            cli.main(argv)
+        except SystemExit:
+            pass
+        assert MARK not in out.getvalue() + errs.getvalue(), (argv, key)
+    for label, value in values:
+        full = {"vllm_api_key": KEY, **DATA, key: value}
+        d = desired.decide(inputs.make(f"h-{label}", full, _as_deploy_sees(BASE), inputs.read_secrets(full)))
+        assert MARK not in " ".join(d.refusals + d.warnings), (label, d.refusals)

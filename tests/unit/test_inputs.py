@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from nemofleet import cli, desired, inputs
+from nemofleet import cli, desired, inputs, spec
 from nemofleet.facts.weights import HUB_COMMIT_MARK
 from nemofleet import hostcmd as commands
 from nemofleet.fleet import driver
@@ -72,15 +72,10 @@ def fleet(monkeypatch):
 
 def _deploy_decision(inventory: str, host: str, f: dict, commits: dict) -> desired.Desired:
     """What the deploy decides for `host`: deploy.host_inputs() builds the same HostInputs from
-    pyinfra (host data, HostFacts with the HubCommit answers, the group's peers, the secrets)."""
-    datas, groups = driver.host_data(inventory), driver.host_groups(inventory)
-    data = datas[host]
-    members = data.get("serving_group_members") if data.get("serving_group") else None
-    peers = {m: f[m] for m in members if m != host} if members else None
-    peer_data = {m: datas[m] for m in members if m != host} if members else None
-    return desired.decide(inputs.make(host, data, f[host], inputs.read_secrets(data), groups=groups[host],
-                                      operator=driver.operator(), peers=peers, peer_data=peer_data,
-                                      commits=dict(commits)))
+    pyinfra with the one gatherer (specs, HostFacts with the HubCommit answers, the group's peers)."""
+    specs = driver.host_specs(inventory)
+    return desired.decide(inputs.gather(specs, f, hosts=[host], commits={host: dict(commits)},
+                                        operator=driver.operator())[host])
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -92,7 +87,7 @@ def test_plan_deploy_and_status_come_from_one_decision(shape, tmp_path, capsys, 
     assert cli.main(["plan", inventory, "--json"]) == 0, capsys.readouterr()
     shown = json.loads(capsys.readouterr().out)
     for host in f:
-        unpinned = inputs.to_resolve(driver.host_data(inventory)[host])
+        unpinned = spec.to_resolve(driver.host_specs(inventory)[host])
         want = _deploy_decision(inventory, host, f, {u: answers[host] for u in unpinned} if unpinned else {})
         assert want.ok, want.refusals
         assert shown[host]["refused"] == [] and shown[host]["plan"] == json.loads(json.dumps(want.plan.to_dict()))
@@ -100,8 +95,8 @@ def test_plan_deploy_and_status_come_from_one_decision(shape, tmp_path, capsys, 
         # the deploy applies that plan: the units, the release id and the image come from the same object
         assert want.release_id == desired.render.release_id(want.plan)
         # nemofleet status: a host that holds this release reads in sync
-        fleet["release"] = {h: _deploy_decision(inventory, h, f, {u: answers[h] for u in inputs.to_resolve(
-            driver.host_data(inventory)[h])} if h in answers else {}).release_id for h in f}
+        fleet["release"] = {h: _deploy_decision(inventory, h, f, {u: answers[h] for u in spec.to_resolve(
+            driver.host_specs(inventory)[h])} if h in answers else {}).release_id for h in f}
         rows = {r.host: r for r in status_mod.status(inventory)}
         assert rows[host].planned == want.release_id and rows[host].in_sync, (rows[host].planned, want.release_id)
     if shape == "revision-main":
@@ -173,8 +168,8 @@ def test_a_group_refuses_settings_it_cannot_apply_in_one_sentence(extra, words):
 
 def test_facts_are_read_for_the_image_the_host_pulls():
     data = {"image_registry_rewrite": {"vllm/": "registry.internal/dockerhub/vllm/"}}
-    assert inputs.facts_args(data)["image"] == "registry.internal/dockerhub/vllm/vllm-openai:v0.27.1"
-    assert inputs.facts_args({"vllm_image": 5})["image"] == inputs.settings_mod.DEFAULT_IMAGE  # refused elsewhere
+    assert spec.facts_args(spec.read("h", data))["image"] == "registry.internal/dockerhub/vllm/vllm-openai:v0.27.1"
+    assert spec.facts_args(spec.read("h", {"vllm_image": 5}))["image"] == inputs.settings_mod.DEFAULT_IMAGE  # refused elsewhere
 
 
 def test_status_weights_line_counts_tensor_bytes_like_the_index(tmp_path):

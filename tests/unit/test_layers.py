@@ -58,7 +58,7 @@ def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
 
 # The edge and the decision: pure, so plan, status, the deploy, rollout, rebuild and the gateway can
 # share them and a test can run them without pyinfra (issue 35). inputs is the gatherer's pure half.
-PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemofleet.inputs", "nemofleet.desired",
+PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemofleet.spec", "nemofleet.inputs", "nemofleet.desired",
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
         "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
         "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",
@@ -93,3 +93,38 @@ def test_only_the_shell_boundary_quotes():
             if "shlex" in names:
                 quoting.append(rel)
     assert quoting == [], f"modules that quote outside shell.py: {quoting}"
+
+
+def _calls(name: str) -> dict[str, list[int]]:
+    """{module file: lines} of every call of a function or method called `name` in src/nemofleet."""
+    import ast
+
+    out: dict[str, list[int]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if called == name:
+                    out.setdefault(str(path.relative_to(ROOT)), []).append(node.lineno)
+    return out
+
+
+def test_settings_are_parsed_in_one_module_and_inputs_built_by_one_gatherer():
+    """The edge reads host data once (spec.py, the only caller of settings.parse); every command's
+    HostInputs comes from inputs.gather; HostInputs carries no raw host data, and no module writes
+    the fan-out's sources into host data (issue 47)."""
+    import dataclasses
+
+    from nemofleet import inputs
+
+    parsers = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
+                     if any(c in p.read_text() for c in ("settings.parse(", "settings_mod.parse(", "settings import parse")))
+    assert parsers == ["spec.py"], parsers
+    built = {f for f, _ in _calls("HostInputs").items()}
+    assert built == {"inputs.py"}, built
+    callers = set(_calls("of")) | set(_calls("gather"))
+    assert {"deploy.py", "cli.py", "fleet/status.py"} <= callers, callers
+    assert not {f.name for f in dataclasses.fields(inputs.HostInputs)} & {"data", "peer_data"}
+    writes = [f for f in ROOT.rglob("*.py") if '"weights_seed_from": seeds' in f.read_text()]
+    assert not writes, writes

@@ -290,8 +290,8 @@ def test_drift_is_said_in_words():
 
 def test_a_host_whose_settings_are_refused_is_still_read_where_the_defaults_put_things():
     from nemofleet.fleet import status as st
-    from nemofleet import settings
+    from nemofleet import settings, spec
 
-    script, problems = st._script_for({"models_root": "/"})
+    script, problems = st._script_for(spec.read("h", {"models_root": "/"}))
     assert problems and problems[0].startswith("models_root '/' is a system directory")
     assert settings.defaults().models_root in script

@@ -179,18 +179,19 @@ def _select(inv, inventory: str, limit: list[str]) -> list:
     return [h for h in everyone if h.name in chosen]
 
 
-def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]:
-    """Merged host data per host (group data, then the host's own), in inventory order."""
+def _merged(h) -> dict:
+    """A pyinfra host's merged data (group data, then the host's own)."""
     from pyinfra.api.host import extract_callable_datas
 
-    inv = _inventory(inventory)
-    out = {}
-    for h in _select(inv, inventory, list(limit or [])):
-        merged: dict = {}
-        for layer in reversed(list(extract_callable_datas(h.data.datas))):
-            merged.update(layer)
-        out[h.name] = merged
-    return out
+    merged: dict = {}
+    for layer in reversed(list(extract_callable_datas(h.data.datas))):
+        merged.update(layer)
+    return merged
+
+
+def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]:
+    """Merged host data per host (group data, then the host's own), in inventory order."""
+    return {h.name: _merged(h) for h in _select(_inventory(inventory), inventory, list(limit or []))}
 
 
 def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, list[str]]:
@@ -200,8 +201,14 @@ def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, lis
     return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
 
 
-from .. import inputs  # noqa: E402
-from ..inputs import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: rollouts and status skip them
+from .. import inputs, spec  # noqa: E402
+from ..spec import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: rollouts and status skip them
+
+
+def host_specs(inventory: str, limit: list[str] | None = None) -> dict:
+    """{host: spec.HostSpec} of the selected hosts, read once (the edge: data and secrets typed)."""
+    hosts = list(_select(_inventory(inventory), inventory, list(limit or [])))
+    return spec.read_all({h.name: _merged(h) for h in hosts}, {h.name: list(h.groups or []) for h in hosts})
 
 
 def serving_hosts(inventory: str, limit: list[str] | None = None) -> list[str]:

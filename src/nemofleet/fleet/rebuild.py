@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import inputs
+from .. import inputs, spec
 from . import driver, lock, rollout
 from .driver import FleetError
 
@@ -49,15 +49,10 @@ class Target:
 
 
 def ssh_target(inventory: str, host: str) -> Target:
-    from .. import settings
-
     d = driver.host_data(inventory, [host])[host]
-    try:
-        expected = settings.parse(d).expected_host_key
-    except settings.SettingsError:
-        expected = None  # a bad setting is refused by the preflight stage with its sentence
+    s = spec.read(host, d).settings  # None: a bad setting is refused by the preflight stage with its sentence
     # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
-    return Target(*inputs.ssh_target(d, host), expected)
+    return Target(*inputs.ssh_target(d, host), s.expected_host_key if s is not None else None)
 
 
 def read_host_key(t: Target, host: str) -> HostKey:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .. import canary as gate_math
-from .. import fanout, inputs, paths, remote, shell
+from .. import fanout, paths, remote, shell, spec
 from .. import hostcmd as commands
 from .. import lockinfo
 from . import driver, lock
@@ -360,11 +360,11 @@ def fan_in(inventory: str, hosts: list[str], data: dict | None) -> FanIn:
 
     datas = driver.host_data(inventory) if hosts else {}
     given = {k: parse_cli_arg(v) if isinstance(v, str) else v for k, v in (data or {}).items()}
-    datas = {h: {**(datas.get(h) or {}), **given} for h in hosts}
-    wants, address = fanout.participants(datas, inputs.read_secrets)
+    specs = spec.read_all({h: {**(datas.get(h) or {}), **given} for h in hosts})
+    wants, address = fanout.participants(specs)
     dirs = {}
     for h, key in wants.items():
-        where = fanout.weights_dir(datas[h], key)
+        where = fanout.weights_dir(specs[h], key)
         if where:
             dirs[where] = key
     return FanIn(wants, dirs, address)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
 from .. import inputs, render
+from ..spec import to_resolve
 from . import driver
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
@@ -71,15 +72,13 @@ def canary_line(lines: list[str]) -> list[str]:
     return []
 
 
-def _script_for(data: dict) -> tuple[str, list[str]]:
+def _script_for(sp) -> tuple[str, list[str]]:
+    """The status command for a host (its HostSpec), and the sentences of its refused settings (the
+    defaults then say where to look: what the host has where nemofleet would put it)."""
     from .. import settings
 
-    try:
-        s = settings.parse(data)
-        return commands.status(s.models_root, s.prom_dir), []
-    except settings.SettingsError as exc:
-        d = settings.defaults()  # still show what the host has where nemofleet would put it
-        return commands.status(d.models_root, d.prom_dir), exc.problems
+    s = sp.settings or settings.defaults()
+    return commands.status(s.models_root, s.prom_dir), [] if sp.settings is not None else list(sp.refusals)
 
 
 def _figure(text: str | None, fmt: str) -> str:
@@ -142,43 +141,41 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
     from ..facts.weights import hub_commits_script, parse_hub_commits
 
     serving = driver.serving_hosts(inventory, limit)
-    datas = {h: d for h, d in driver.host_data(inventory, limit).items() if h in serving}
-    groups = driver.host_groups(inventory, limit)
+    specs = driver.host_specs(inventory, limit)
     facts = driver.gather_facts(inventory, limit)
     scripts: dict[str, list[str]] = {}
-    result = {h: HostStatus(h) for h in datas}
-    unpinned = {h: inputs.to_resolve(d) for h, d in datas.items()}
-    for h, data in datas.items():
-        script, result[h].problems = _script_for(data)
+    result = {h: HostStatus(h) for h in specs if h in serving}
+    unpinned = {h: to_resolve(specs[h]) for h in result}
+    for h in result:
+        script, result[h].problems = _script_for(specs[h])
         scripts.setdefault(script + hub_commits_script(unpinned[h]), []).append(h)
+    answers: dict[str, list[str]] = {}
     for script, hosts in scripts.items():
         for h, e in driver.exec_all(inventory, hosts, script, timeout=180).items():
             r = result[h]
             r.reachable = e.reachable
             if not e.reachable:
                 continue
-            lines = e.lines()
+            lines = answers[h] = e.lines()
             r.release = next((ln.split("=", 1)[1] for ln in lines if ln.startswith("release id=")), None)
             r.lines = (gpu_lines(lines) + unit_lines(lines, time.time())
                        + [ln for ln in lines if ln.startswith(("weights ", "download "))] + canary_line(lines))
-            data = datas[h]
-            group, members = inputs.group_of(data)
+            members = specs[h].members
             if members:
                 rank = members.index(h) if h in members else -1
-                r.lines.insert(0, f"serving group {group}: rank {rank} "
+                r.lines.insert(0, f"serving group {specs[h].settings.serving_group}: rank {rank} "
                                   f"({'head' if rank == 0 else 'worker'}) of {', '.join(members)}; the head's "
                                   "health is the group's")
-            if h in facts and not r.problems:
-                peers = {m: facts[m] for m in members if m in facts and m != h} if members else None
-                peer_data = {m: datas[m] for m in members if m in datas and m != h} if members else None
-                f = dict(facts[h], lock=None)
-                # the secrets as the deploy and `nemofleet plan` read them (one gatherer): they never
-                # enter the release id, but a controller without the API key plans nothing, as its deploy would
-                want = decide(inputs.make(h, data, f, inputs.read_secrets(data), groups=groups.get(h),
-                                          peers=peers, peer_data=peer_data,
-                                          commits=parse_hub_commits(unpinned[h], lines) if unpinned[h] else {}))
-                r.planned = want.release_id if want.ok else None
-                r.record = _record(lines)
-                r.planned_record = _record(["release " + ln for ln in render.release_record(want.plan).splitlines()]
-                                           if want.ok and want.plan else [])
-    return [result[h] for h in datas]
+    # the plan each host should hold, from the deploy's own decision over the one gatherer's inputs
+    # (the secrets as the deploy reads them: they never enter the release id, but a controller
+    # without the API key plans nothing, as its deploy would)
+    planned = [h for h in answers if h in facts and not result[h].problems]
+    every = inputs.gather(specs, {**facts, **{h: dict(facts[h], lock=None) for h in planned}}, hosts=planned,
+                          commits={h: parse_hub_commits(unpinned[h], answers[h]) for h in planned if unpinned[h]})
+    for h, i in every.items():
+        r, want = result[h], decide(i)
+        r.planned = want.release_id if want.ok else None
+        r.record = _record(answers[h])
+        r.planned_record = _record(["release " + ln for ln in render.release_record(want.plan).splitlines()]
+                                   if want.ok and want.plan else [])
+    return list(result.values())
