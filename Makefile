@@ -29,18 +29,21 @@ demo: testbed
 	$(BIN)/nemofleet status inventories/testbed.py
 	$(BIN)/nemofleet smoke inventories/testbed.py
 
-# a line per stage with its seconds: venv here, then unit, images, testbed up, converge and each
-# end-to-end module from tests/e2e/conftest.py; the slowest tests at the end; then every planned
-# command line through the real vLLM parsers and the real vLLM server (their venv cached outside the
-# checkout, like the images: VLLM_VENV below),
-# run even when a test above failed, so one failure never hides the other
+# a line per stage with its seconds: venv here, then unit; then the end-to-end modules in shards
+# that run at once, each on a testbed of its own, beside the real vLLM server on its own
+# (tests/run_shards.py: images, testbed up, converge and each module, per shard); then every
+# planned command line through the real vLLM parsers (their venv cached outside the checkout, like
+# the images: VLLM_VENV below). Each step runs even when one before it failed, so one failure never
+# hides another
 test: prereqs
 	@t0=$$(date +%s); $(MAKE) --no-print-directory venv; echo "[make test] venv: ready in $$(( $$(date +%s) - t0 )) s"
-	@rc=0; $(BIN)/pytest -q -rs --durations=10 tests/unit tests/e2e || rc=1; \
+	@rc=0; t0=$$(date +%s); $(BIN)/pytest -q -rs --durations=10 tests/unit || rc=1; \
+	echo "[make test] unit: $$(( $$(date +%s) - t0 )) s"; t0=$$(date +%s); \
+	$(MAKE) --no-print-directory real-vllm-venv || rc=1; \
+	echo "[make test] real vLLM venv: ready in $$(( $$(date +%s) - t0 )) s"; \
+	NEMOFLEET_VLLM_VERSION=$(VLLM_SERVE_VERSION) $(BIN)/python tests/run_shards.py --real-server || rc=1; \
 	t0=$$(date +%s); $(MAKE) --no-print-directory test-real-parser || rc=1; \
-	echo "[make test] real vLLM parsers: $$(( $$(date +%s) - t0 )) s"; \
-	t0=$$(date +%s); $(MAKE) --no-print-directory test-real-server || rc=1; \
-	echo "[make test] real vLLM server: $$(( $$(date +%s) - t0 )) s"; exit $$rc
+	echo "[make test] real vLLM parsers: $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 # the real vLLM CPU builds (0.27.1 and 0.32.0): one venv kept outside the checkout, keyed by the
 # script that makes it, so a clean clone on a machine that ran the suite reuses it (like the images)
