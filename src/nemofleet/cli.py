@@ -376,8 +376,8 @@ def _data(pairs: list[str]) -> dict:
     for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep or not k:
-            refuse(f"--data {pair!r} must be KEY=VALUE (e.g. --data model=nemotron-3-nano-bf16)")
-        why = settings.command_line_secret(k)
+            refuse(f"--data {settings.vt.shown(pair)} must be KEY=VALUE (e.g. --data model=nemotron-3-nano-bf16)")
+        why = settings.command_line_secret(k, v)
         if why:
             refuse(why)
         out[k] = v

@@ -79,7 +79,7 @@ class Run:
     def __init__(self, state):
         hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
         self.specs = spec.read_all({h.name: data(h) for h in hosts}, {h.name: h.groups for h in hosts},
-                                   tuple(getattr(state.inventory, "override_data", None) or ()))
+                                   dict(getattr(state.inventory, "override_data", None) or {}))
         # the hosts pyinfra connected to, in inventory order: pyinfra prepares them concurrently, so
         # each host reads the same decision and no host reads another's facts for it
         active = set(state.active_hosts)

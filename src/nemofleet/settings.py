@@ -682,17 +682,22 @@ def unknown_key_sentence(name: str) -> str:
 PYINFRA_SECRET_KEYS = ("ssh_password", "ssh_key_password", "_sudo_password", "_su_password", "winrm_password")
 
 
-def command_line_secret(name) -> str | None:
-    """One sentence when `--data NAME=...` would put a secret on a command line (readable in
-    `ps` and shell history), naming the setting to use instead; None for other keys. The value
-    is never part of the sentence."""
+def command_line_secret(name, value=None) -> str | None:
+    """One sentence when `--data NAME=VALUE` would put a secret on a command line (readable in
+    `ps` and shell history): a secret key, pyinfra's passwords, or a value holding URL credentials
+    (a proxy's user:password@), naming what to use instead; None otherwise. The value is never
+    part of the sentence."""
     if not isinstance(name, str):
         return None
+    if isinstance(value, str) and vt.has_credentials(value):
+        return (f"--data {name}=... holds URL credentials (user:password@), which would be on pyinfra's command "
+                f"line (readable in ps); set {name} in the inventory's group data (a file) instead")
     if name in BY_NAME and BY_NAME[name].secret:
         instead = (f"set {name}_file (a 0600 file on the controller) in group data instead" if f"{name}_file" in BY_NAME
                    else "set it in group data (or the file setting of the same name) instead")
         return f"--data {name}=... would put a secret on pyinfra's command line (readable in ps); {instead}"
-    if name in PYINFRA_SECRET_KEYS:
+    if name in PYINFRA_SECRET_KEYS or (re.search(r"pass(word|wd)|secret|token", name, re.I)
+                                       and not name.endswith("_file")):
         return (f"--data {name}=... would put a password on pyinfra's command line (readable in ps); use an SSH key "
                 "or agent, or set it in the inventory's host data")
     return None

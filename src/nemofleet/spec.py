@@ -219,7 +219,8 @@ def settings_of(data) -> settings_mod.Settings:
 
 def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpec:
     """One host's spec: secrets typed first, then the settings parsed once; `groups` as pyinfra
-    lists them; `command_line`: the keys pyinfra's --data gave (a secret among them refuses it)."""
+    lists them; `command_line`: what pyinfra's --data gave ({key: value}, or the keys): a secret
+    among them, or a value holding URL credentials, refuses the host."""
     data = dict(data) if isinstance(data, Mapping) else {}
     secrets = read_secrets(data)
     groups = unique_groups(name, groups)
@@ -230,7 +231,8 @@ def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpe
                         "(a newline...); rename it")
     refusals += secrets.problems
     # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
-    refusals += [why for why in map(settings_mod.command_line_secret, command_line) if why]
+    given = command_line.items() if isinstance(command_line, Mapping) else ((k, None) for k in command_line)
+    refusals += [why for why in (settings_mod.command_line_secret(k, v) for k, v in given) if why]
     try:
         s = settings_of(data)
     except settings_mod.SettingsError as exc:

@@ -45,6 +45,11 @@ def shown(value) -> str:
     return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
 
 
+def has_credentials(text: str) -> bool:
+    """Whether a text holds a URL's credentials (user:password@ or user@ after a scheme)."""
+    return _USERINFO.search(text) is not None
+
+
 def kind(value) -> str:
     """A value's type in words ("a list", "bytes"), for a sentence that must not show the value."""
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", bytes: "bytes",
