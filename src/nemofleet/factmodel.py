@@ -29,12 +29,12 @@ from typing import Annotated, Any, Mapping, Union
 import pydantic
 
 from .dockerconf import host_file_problem
-from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
-from .valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number, shown
+from .nvsmi import HEALTH_FIELDS, XID_BUS, Unreadable, bus_key, typed
+from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
+                         is_number, shown)
 
 MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
 MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
-UNIX_MAX = 2**40  # a unix time (year 36812): beyond is no time a host can have
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -171,12 +171,11 @@ Address = Annotated[str, Check(fact_ip_problem)]
 
 def _xid_bus_problem(value) -> str | None:
     """A bus id as a kernel Xid line gives it (0000:07:00, nvsmi.bus_key)."""
-    return None if isinstance(value, str) and _XID_BUS.fullmatch(value) else f"{shown(value)} is not a PCI bus id"
+    return None if isinstance(value, str) and XID_BUS.fullmatch(value) else f"{shown(value)} is not a PCI bus id"
 
 
-_XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")
 XidBus = Annotated[str, Check(_xid_bus_problem)]
-UnixTime = Annotated[int, Int(0, UNIX_MAX)]
+UnixTime = Annotated[int, Int(0, UNIX_MAX - 1)]
 
 
 class Gpu(_Fact):
@@ -359,14 +358,14 @@ class Health(_Fact):
 
 class Lock(_Fact):
     """The deploy lock's info file as the lock program prints it (facts/lock.py, lockinfo.parse):
-    times are unix seconds of at most 12 digits, so gmtime() and arithmetic stay bounded."""
+    times are unix seconds below UNIX_MAX (valuetypes.host_time), so gmtime() and arithmetic stay bounded."""
     holder: str | None = None
     token_sha256: str | None = None
     token: str | None = None  # a lock built by hand (a test's) may carry the token itself
     since: str | None = None
-    expires: Annotated[int, Int(0, 10**12 - 1)] | None = None
+    expires: UnixTime | None = None
     message: str | None = None
-    now: Annotated[int, Int(0, 10**12 - 1)] | None = None
+    now: UnixTime | None = None
 
     def info(self) -> dict:
         """The fields the lock file had, as lockinfo reads them."""

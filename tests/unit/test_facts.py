@@ -56,8 +56,8 @@ def test_toolkit_docker_daemon_json_cgroup_disk():
     assert d["running"] and d["cgroup_version"] == 2 and d["runtimes"] == ["nvidia", "runc"]
     assert DockerInfo().process(["installed=0"])["installed"] is False
     assert DockerInfo().process(["installed=1", "@@engine down info Connection refused"])["running"] is False
-    assert DaemonJson().process(['{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
-    assert DaemonJson().process(["{oops"])["data"] is None
+    assert DaemonJson().process([DaemonJson.FILE, '{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
+    assert DaemonJson().process([DaemonJson.FILE, "{oops"])["data"] is None
     assert DaemonJson().process(["##NEMOFLEET_ABSENT##"]) == {"exists": False, "text": "", "data": {}, "error": None}
     assert CgroupVersion().process(["cgroup2fs"]) == 2 and CgroupVersion().process(["tmpfs"]) == 1
     assert FreeDisk().process(["68702183424"]) == 68702183424
@@ -200,10 +200,14 @@ def test_daemon_json_without_final_newline_does_not_swallow_the_next_fact():
 GARBAGE = "[Unknown Error], GPU-1, NVIDIA H200, [Unknown Error], 580.159.04, 9.0, 00000000:00:06.0, Disabled, Enabled"
 
 
+GARBAGE_SAID = ("nvidia-smi printed '[Unknown Error]' for index of row 1 of 1, which nemofleet cannot read; "
+                "run nvidia-smi -q on the host")
+
+
 def test_nvidia_gpus_garbage_is_an_error_not_no_gpu():
     fact = NvidiaGpus().process([GARBAGE, "RC=0"])
     assert fact["gpus"] == [] and fact["smi"] is True
-    assert fact["error"] == f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}"
+    assert fact["error"] == GARBAGE_SAID
     assert "lists no GPU" not in fact["error"]
 
 
@@ -252,7 +256,7 @@ def test_host_facts_collects_errors_per_part_and_keeps_going():
         engine=["@@engine timeout info", f"@@engine timeout image:{IMAGE}"], docker=["installed=1"],
         cgroup=["cgroup2fs"]))
     assert fact["errors"] == {
-        "gpus": f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}",
+        "gpus": GARBAGE_SAID,
         "cuda": "nvidia-smi -q -x did not answer within 20 s (hung driver?)",
         "toolkit": "nvidia-ctk --version did not answer within 20 s",
         "docker": "docker info did not answer within 20 s (dockerd hung?): check `systemctl status docker` on the host",
@@ -269,11 +273,11 @@ def test_host_facts_any_parse_failure_is_one_sentence(monkeypatch):
     def boom(self, output):
         raise ValueError("invalid literal for int() with base 10: '[Unknown Error]'")
 
-    monkeypatch.setattr(hostmod.FreeDisk, "process", boom)
+    monkeypatch.setattr(hostmod.FreeDisk, "parse", boom)
     fact = HostFacts().process(hostfacts_output(disk_free=["[Unknown Error]"], cgroup=["cgroup2fs"]))
     assert fact["disk_free"] is None and fact["cgroup"] == 2
-    assert fact["errors"]["disk_free"].startswith("the disk_free check printed output nemofleet cannot read (ValueError")
-    assert "first line: '[Unknown Error]'" in fact["errors"]["disk_free"]
+    assert fact["errors"]["disk_free"].startswith("the FreeDisk check printed output nemofleet cannot read (ValueError")
+    assert "first line '[Unknown Error]'" in fact["errors"]["disk_free"]
 
 
 def test_a_hung_nvidia_smi_is_stopped_by_timeout(tmp_path, monkeypatch):
@@ -321,7 +325,7 @@ def test_simulated_nvidia_smi_faults_are_opt_in(tmp_path, monkeypatch):
     assert NvidiaGpus().process(run(NvidiaGpus().command()))["gpus"][0]["memory_mib"] == 143771  # no fault: as before
     (tmp_path / "smi-fault").write_text("garbage\n")
     fact = NvidiaGpus().process(run(NvidiaGpus().command()))
-    assert fact["error"].startswith("nvidia-smi printed output nemofleet cannot read: 0, GPU-1, NVIDIA H200, [Unknown Error]")
+    assert fact["error"].startswith("nvidia-smi printed '[Unknown Error]' for memory.total of GPU 0, which nemofleet cannot")
     assert NvidiaCudaVersion().process(run(NvidiaCudaVersion().command())) is None
     (tmp_path / "smi-fault").write_text("hang\n")
     monkeypatch.setattr(gpu, "SMI_TIMEOUT", 1)
