@@ -29,7 +29,7 @@ from typing import Annotated, Any, Mapping, Union
 import pydantic
 
 from .dockerconf import host_file_problem
-from .nvsmi import HEALTH_FIELDS, XID_BUS, Unreadable, bus_key, typed
+from .nvsmi import HEALTH_FIELDS, MIG_MODES, UNIFIED, XID_BUS, Unreadable, bus_key, typed
 from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
                          is_number, shown)
 
@@ -178,6 +178,11 @@ XidBus = Annotated[str, Check(_xid_bus_problem)]
 UnixTime = Annotated[int, Int(0, UNIX_MAX - 1)]
 
 
+def _mig_problem(value) -> str | None:
+    """A MIG mode as nvidia-smi prints it ("N/A": a GPU without MIG); anything else is no mode."""
+    return None if value in (*MIG_MODES, "N/A") else f"{shown(value)} is not a MIG mode (Enabled, Disabled or N/A)"
+
+
 class Gpu(_Fact):
     """One GPU as nvidia-smi lists it; the uuid and bus id reach `docker run --gpus device=...`,
     unit files and commands."""
@@ -187,11 +192,18 @@ class Gpu(_Fact):
     memory_mib: Annotated[int, Int(1, 2**31)]
     cc: str | None = None
     bus_id: BusId | None = None
-    mig: str | None = None
+    mig: Annotated[str, Check(_mig_problem)] | None = None
     persistence: str | None = None
     driver: str | None = None
     # the GPU shares the system memory (GB10, Jetson Thor): memory_mib is MemTotal (facts/gpu.py)
     unified: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _unified_board(self):
+        if self.unified and not UNIFIED.search(self.name):
+            raise Unreadable(f"gpus marks GPU {self.index} ({shown(self.name)}) as unified memory, which only GB10 and "
+                             "Jetson Thor boards have: a discrete GPU is never sized from the host's memory")
+        return self
 
 
 class Gpus(_Fact):
@@ -201,6 +213,19 @@ class Gpus(_Fact):
     error: Annotated[str, TEXT] | None = None
     driver: str | None
     gpus: tuple[Gpu, ...]
+
+    @pydantic.model_validator(mode="after")
+    def _one_row_per_gpu(self):
+        # two rows of one GPU would plan two instances on it
+        for key in ("uuid", "index"):
+            seen: dict = {}
+            for g in self.gpus:
+                value = getattr(g, key)
+                if value is not None and value in seen:
+                    raise Unreadable(f"gpus lists {key} {value} twice (GPU {seen[value]} and GPU {g.index}): two rows "
+                                     "of one GPU would plan two instances on it; run nvidia-smi -L on the host")
+                seen[value] = g.index
+        return self
 
 
 class Toolkit(_Fact):
