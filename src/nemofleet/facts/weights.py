@@ -96,6 +96,9 @@ class HubCommit(Fact):
         return (shell.join(["timeout", 20, *remote.argv("hub", "commit", endpoint, repo, revision, paths.HF_ENV)])
                 + " 2>/dev/null || echo '{\"error\": \"the Hub query did not finish within 20 s\"}'")
 
+    def default(self):  # no output at all (pyinfra's value for it too)
+        return {"error": "no answer from the Hub query"}
+
     def parse(self, output):
         for line in reversed(output):
             try:
@@ -109,7 +112,7 @@ class HubCommit(Fact):
             if isinstance(why, str) and why and why.isprintable():
                 return {"error": why[:300]}
             return {"error": f"unexpected answer {shown(line, 80)}"}
-        return {"error": "no answer from the Hub query"}
+        return self.default()
 
 
 HUB_COMMIT_MARK = "hub_commit "
