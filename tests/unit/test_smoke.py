@@ -186,7 +186,7 @@ def test_parse_every_kind_of_answer():
     odd = p("h", 0, f'{{"object": "list"}}\n{m} http 200 0.1 instance 127.0.0.1:8000')
     assert odd.error.startswith("HTTP 200 from instance 127.0.0.1:8000 but not a chat completion")
     assert p("h", 0, f"{m} http nope").error.startswith("unexpected marker line")
-    # a marker whose figures are no numbers (found by the hostile suite: float('1.2.3') raised), a body of
+    # a marker whose figures are no numbers (float('1.2.3') raised), a body of
     # JSON nested past any parser, or NaN
     for line in (f"{m} http 200 1.2.3 instance x", f"{m} http ٢٠٠ 0.1 instance x", f"{m} http 200 1e309 instance x"):
         assert p("h", 0, line).error.startswith("unexpected marker line"), line
