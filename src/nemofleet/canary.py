@@ -44,6 +44,8 @@ LATENCY_FLOOR = 0.025  # seconds: a p95 this close to the baseline's is within a
 THIN_CHOICES = ("pass", "fail", "wait")
 
 COUNT_MAX = 2**53  # a sample the gate reads is a count or a bucket bound: never more, never negative
+# the longest sample line read: vLLM's are under 300 characters; a 20 KB line held a bake poll for 3 s
+MAX_LINE = 4096
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -54,10 +56,10 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 def parse(text: str) -> dict[tuple, float]:
     """The samples the gate reads from one /metrics text: {(name, ((label, value), ...)): value}.
     Other metrics, comments and lines that do not parse (a value that is no count: NaN, +Inf,
-    1e309, '٣') are skipped (never an exception)."""
+    1e309, '٣'; a line longer than MAX_LINE) are skipped (never an exception)."""
     out: dict[tuple, float] = {}
     for line in text.splitlines():
-        if not line.startswith(WANTED):
+        if not line.startswith(WANTED) or len(line) > MAX_LINE:  # _LABEL is quadratic in a line's length
             continue
         m = _LINE.match(line)
         value = host_number(m.group(3), 0, COUNT_MAX, decimal=True) if m else None
