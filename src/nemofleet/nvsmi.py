@@ -66,7 +66,8 @@ SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out;
 # `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
 _XID = re.compile(r"^\[\s*([0-9.]+)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): ([0-9]+)(?:,\s*(.*))?$")
 XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")  # a bus id as an Xid line gives it
-_REFUSED = re.compile(r'^Field "(.+)" is not a valid field to query\.')
+# what nvidia-smi prints for a query field its driver does not know (exit 2): a 470 driver's compute_cap
+REFUSED_FIELD = re.compile(r'Field "([^"]{1,64})" is not a valid field to query')
 
 
 def bus_key(bus_id: str) -> str:

@@ -13,6 +13,7 @@ from . import factmodel, gpuhealth
 from . import plan as planner
 from . import planning
 from . import vllm_flags
+from .nvsmi import REFUSED_FIELD
 from .settings import Settings, SettingsError
 from .settings import parse as parse_settings
 from .versions import parse as vt
@@ -143,7 +144,7 @@ def gpu_refusal(g: factmodel.Gpus) -> str | None:
         return ("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
                 "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
                 "nvidia_driver_branch")
-    refused = re.search(r'Field "([^"]{1,64})" is not a valid field to query', g.error or "")
+    refused = REFUSED_FIELD.search(g.error or "")
     if g.rc == 2 and refused:
         return (f"the NVIDIA driver is too old for nemofleet's GPU query: its nvidia-smi does not know the query field "
                 f"{refused.group(1)} (470 and older drivers lack compute_cap); upgrade the NVIDIA data-center driver "

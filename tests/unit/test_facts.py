@@ -444,3 +444,26 @@ def test_a_hub_answer_that_is_no_object_is_an_error_sentence():
     items = [("https://huggingface.co", "nvidia/x", "main")]
     assert parse_hub_commits(items, ["hub_commit ٠", '{"sha": "' + "b" * 40 + '"}']) == {items[0]: {
         "error": "no answer from the Hub query"}}
+
+
+def test_a_fact_cannot_replace_the_total_reader():
+    """facts.Fact.process is the one wrapper: a fact that defines its own is refused when it is
+    defined, and one whose parse() fails in a way it did not foresee fails that host alone."""
+    import pytest
+    from pyinfra.api.exceptions import FactProcessError
+
+    from nemofleet.facts import Fact
+
+    with pytest.raises(TypeError, match="defines process"):
+        type("Own", (Fact,), {"command": "true", "process": lambda self, output: output})
+
+    class Boom(Fact):
+        command = "true"
+
+        def parse(self, output):
+            return int(output[0])  # no host_number: '²' raises ValueError
+
+    with pytest.raises(FactProcessError, match=r"the Boom check printed output nemofleet cannot read \(ValueError; "
+                                               r"first line '²'\)"):
+        Boom().process(["²"])
+    assert Boom().process(["7"]) == 7 and Boom().process([]) is None

@@ -20,6 +20,7 @@ import json
 
 from pyinfra import host as current_host
 from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
 
 from . import Fact
 
@@ -101,8 +102,8 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
         fact_ = cls()
         lines = engine.lines_for(fact_, lines, read)
         try:
-            cache[k] = fact_.process(lines) if lines else fact_.default()
-        except Exception:  # noqa: BLE001 - that operation reads the fact itself and says why
+            cache[k] = fact_.process(lines)
+        except FactProcessError:  # that operation reads the fact itself and fails the host with why
             continue
     return len(todo)
 
