@@ -201,3 +201,12 @@ def test_an_image_cuda_newer_than_the_driver_table_refuses_naming_its_newest_row
     # non-ASCII digits in the image's env are no version: the table's CUDA decides, with its warning
     f["image"]["env"]["NVIDIA_REQUIRE_CUDA"] = "cuda>=١٣.٩"
     assert preflight.image_cuda(factmodel.parse(f)[0], "vllm/vllm-openai:v0.32.0")[1] == "table"
+
+
+def test_a_compute_capability_of_non_ascii_digits_is_none():
+    """int('٩') is 9: a cc of Arabic-Indic digits planned as Hopper; it is refused like any cc that
+    is not MAJOR.MINOR."""
+    f = ready()
+    f["gpus"]["gpus"][0]["cc"] = "٩.٠"
+    why = preflight.check("h", f, DATA).refusals
+    assert any("compute capability '٩.٠' is not of the form MAJOR.MINOR" in r for r in why), why
