@@ -37,8 +37,8 @@ class BootstrapState(packages.AptPackages):
                 "nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1); "
                 "echo \"loaded ${v:-none}\"")
 
-    def process(self, output):
-        out = super().process([line for line in output if not line.startswith("loaded ")])
+    def parse(self, output):
+        out = super().parse([line for line in output if not line.startswith("loaded ")])
         loaded = [line.split() for line in output if line.startswith("loaded ")]
         out["_driver"] = loaded[0][1] if loaded and len(loaded[0]) > 1 and loaded[0][1] != "none" else None
         return out

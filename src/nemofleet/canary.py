@@ -32,6 +32,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from .valuetypes import host_number, reads_host
+
 INFERENCE = ("/v1/", "/invocations")
 TTFT = "vllm:time_to_first_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
@@ -41,27 +43,27 @@ WANTED = (HTTP, SUCCESS, TTFT + "_bucket", E2E + "_bucket")
 LATENCY_FLOOR = 0.025  # seconds: a p95 this close to the baseline's is within a bucket's noise
 THIN_CHOICES = ("pass", "fail", "wait")
 
+COUNT_MAX = 2**53  # a sample the gate reads is a count or a bucket bound: never more, never negative
+# the longest sample line read: vLLM's are under 300 characters; a 20 KB line held a bake poll for 3 s
+MAX_LINE = 4096
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 # ---------------------------------------------------------------------------- parsing
 
+@reads_host(lambda why, text: {})
 def parse(text: str) -> dict[tuple, float]:
     """The samples the gate reads from one /metrics text: {(name, ((label, value), ...)): value}.
-    Other metrics, comments and lines that do not parse are skipped (never an exception)."""
+    Other metrics, comments and lines that do not parse (a value that is no count: NaN, +Inf,
+    1e309, '٣'; a line longer than MAX_LINE) are skipped (never an exception)."""
     out: dict[tuple, float] = {}
     for line in text.splitlines():
-        if not line.startswith(WANTED):
+        if not line.startswith(WANTED) or len(line) > MAX_LINE:  # _LABEL is quadratic in a line's length
             continue
         m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        if math.isnan(value):
+        value = host_number(m.group(3), 0, COUNT_MAX, decimal=True) if m else None
+        if value is None:
             continue
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
         out[(m.group(1), labels)] = value
@@ -119,9 +121,8 @@ def _buckets(samples: dict, metric: str) -> dict:
     for (name, labels), v in samples.items():
         if name == metric + "_bucket":
             le = dict(labels).get("le")
-            try:
-                bound = math.inf if le in ("+Inf", "Inf") else float(le)
-            except (TypeError, ValueError):
+            bound = math.inf if le in ("+Inf", "Inf") else host_number(le, 0, COUNT_MAX, decimal=True)
+            if bound is None:
                 continue
             out[bound] = out.get(bound, 0.0) + v
     return out
@@ -282,6 +283,7 @@ def _s(v: float | None) -> str:
 
 # ---------------------------------------------------------------------------- the remote read
 
+@reads_host(lambda why, lines: ("", {}))
 def split_instances(lines: list[str]) -> tuple[str, dict[str, str]]:
     """The metrics script's answer -> (GPU name, {instance: its /metrics text})."""
     gpu, cur, out = "", None, {}

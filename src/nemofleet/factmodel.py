@@ -29,12 +29,12 @@ from typing import Annotated, Any, Mapping, Union
 import pydantic
 
 from .dockerconf import host_file_problem
-from .nvsmi import HEALTH_FIELDS, Unreadable, bus_key, typed
-from .valuetypes import INT_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem, is_number, shown
+from .nvsmi import HEALTH_FIELDS, MIG_MODES, UNIFIED, XID_BUS, Unreadable, bus_key, typed
+from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
+                         is_number, shown)
 
 MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
 MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
-UNIX_MAX = 2**40  # a unix time (year 36812): beyond is no time a host can have
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -171,12 +171,16 @@ Address = Annotated[str, Check(fact_ip_problem)]
 
 def _xid_bus_problem(value) -> str | None:
     """A bus id as a kernel Xid line gives it (0000:07:00, nvsmi.bus_key)."""
-    return None if isinstance(value, str) and _XID_BUS.fullmatch(value) else f"{shown(value)} is not a PCI bus id"
+    return None if isinstance(value, str) and XID_BUS.fullmatch(value) else f"{shown(value)} is not a PCI bus id"
 
 
-_XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")
 XidBus = Annotated[str, Check(_xid_bus_problem)]
-UnixTime = Annotated[int, Int(0, UNIX_MAX)]
+UnixTime = Annotated[int, Int(0, UNIX_MAX - 1)]
+
+
+def _mig_problem(value) -> str | None:
+    """A MIG mode as nvidia-smi prints it ("N/A": a GPU without MIG); anything else is no mode."""
+    return None if value in (*MIG_MODES, "N/A") else f"{shown(value)} is not a MIG mode (Enabled, Disabled or N/A)"
 
 
 class Gpu(_Fact):
@@ -188,11 +192,18 @@ class Gpu(_Fact):
     memory_mib: Annotated[int, Int(1, 2**31)]
     cc: str | None = None
     bus_id: BusId | None = None
-    mig: str | None = None
+    mig: Annotated[str, Check(_mig_problem)] | None = None
     persistence: str | None = None
     driver: str | None = None
     # the GPU shares the system memory (GB10, Jetson Thor): memory_mib is MemTotal (facts/gpu.py)
     unified: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _unified_board(self):
+        if self.unified and not UNIFIED.search(self.name):
+            raise Unreadable(f"gpus marks GPU {self.index} ({shown(self.name)}) as unified memory, which only GB10 and "
+                             "Jetson Thor boards have: a discrete GPU is never sized from the host's memory")
+        return self
 
 
 class Gpus(_Fact):
@@ -202,6 +213,19 @@ class Gpus(_Fact):
     error: Annotated[str, TEXT] | None = None
     driver: str | None
     gpus: tuple[Gpu, ...]
+
+    @pydantic.model_validator(mode="after")
+    def _one_row_per_gpu(self):
+        # two rows of one GPU would plan two instances on it
+        for key in ("uuid", "index"):
+            seen: dict = {}
+            for g in self.gpus:
+                value = getattr(g, key)
+                if value is not None and value in seen:
+                    raise Unreadable(f"gpus lists {key} {value} twice (GPU {seen[value]} and GPU {g.index}): two rows "
+                                     "of one GPU would plan two instances on it; run nvidia-smi -L on the host")
+                seen[value] = g.index
+        return self
 
 
 class Toolkit(_Fact):
@@ -359,14 +383,14 @@ class Health(_Fact):
 
 class Lock(_Fact):
     """The deploy lock's info file as the lock program prints it (facts/lock.py, lockinfo.parse):
-    times are unix seconds of at most 12 digits, so gmtime() and arithmetic stay bounded."""
+    times are unix seconds below UNIX_MAX (valuetypes.host_time), so gmtime() and arithmetic stay bounded."""
     holder: str | None = None
     token_sha256: str | None = None
     token: str | None = None  # a lock built by hand (a test's) may carry the token itself
     since: str | None = None
-    expires: Annotated[int, Int(0, 10**12 - 1)] | None = None
+    expires: UnixTime | None = None
     message: str | None = None
-    now: Annotated[int, Int(0, 10**12 - 1)] | None = None
+    now: UnixTime | None = None
 
     def info(self) -> dict:
         """The fields the lock file had, as lockinfo reads them."""

@@ -8,6 +8,7 @@ host. docs/gpu-health.md has the table of signal -> action and its sources.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .factmodel import FabricManager, Health, parse
@@ -178,22 +179,35 @@ def admit(gpus: list, health) -> Admission:
     return adm
 
 
-def fabric_refusal(health, driver: str | None) -> str | None:
+# Grace-Blackwell NVL compute trays (GB200/GB300 NVL72, NVL36): their NVSwitches and the fabric
+# manager are in the switch trays, so no nvidia-fabricmanager runs on the host; a GPU whose fabric
+# state is Completed with status Success is registered with the fabric (leptonai/gpud#1106)
+NVL_COMPUTE_TRAY = re.compile(r"\bGB[23]00\b", re.I)
+
+
+def fabric_refusal(health, driver: str | None, names=()) -> str | None:
     """On an NVSwitch system (a GPU reports fabric.state), the fabric manager must run and be of
-    the driver's version, or CUDA fails with error 802 (docs/gpu-health.md)."""
+    the driver's version, or CUDA fails with error 802 (docs/gpu-health.md). On an NVL compute
+    tray (`names`: the GPUs' names) every GPU must be registered with the fabric instead."""
     try:
         h = read(health)
     except HealthError:
         return None  # admit() says it
-    states = [r.get("fabric.state") for r in h.rows if r.get("fabric.state") is not None]
-    if not states:
+    rows = [r for r in h.rows if r.get("fabric.state") is not None]
+    if not rows:
         return None
     fm = h.fabric_manager or FabricManager()
-    if fm.active != "active":
-        return (f"this is an NVSwitch system (fabric.state {states[0]}) but nvidia-fabricmanager is "
+    if any(NVL_COMPUTE_TRAY.search(n) for n in names):
+        bad = next((r for r in rows if (r.get("fabric.state"), r.get("fabric.status")) != ("Completed", "Success")), None)
+        if bad is not None:
+            return (f"GPU {bad.get('index')} is not registered with the NVLink fabric (fabric.state {bad['fabric.state']}, "
+                    f"status {bad.get('fabric.status') or 'not reported'}), so CUDA fails with error 802; on this NVL "
+                    "compute tray the fabric manager runs on the NVSwitch trays: check it there, then deploy again")
+    elif fm.active != "active":
+        return (f"this is an NVSwitch system (fabric.state {rows[0]['fabric.state']}) but nvidia-fabricmanager is "
                 f"{fm.active or 'not running'}, so CUDA fails with error 802; "
                 "install nvidia-fabricmanager of the driver's version and systemctl enable --now nvidia-fabricmanager")
-    if driver and fm.version and fm.version != driver:
+    if fm.active == "active" and driver and fm.version and fm.version != driver:
         return (f"nvidia-fabricmanager {fm.version} runs with driver {driver} on this NVSwitch system, and the two "
                 "must be the same version (CUDA fails with error 802); install nvidia-fabricmanager "
                 f"{driver} and restart it")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .valuetypes import host_number, shown
+
 MIB = 1024**2
 GIB = 1024**3
 
@@ -96,11 +98,10 @@ def cc_for_name(name: str) -> str | None:
 
 
 def arch_for_cc(cc: str) -> Arch:
-    try:
-        major, minor = (int(p) for p in cc.split(".", 1))
-    except ValueError as exc:
-        raise UnsupportedGpu(f"compute capability {cc!r} is not of the form MAJOR.MINOR") from exc
-    sm = major * 10 + minor
+    parts = [host_number(p, 0, 99) for p in cc.split(".")]  # nvidia-smi's text: '٩.٠' is no 9.0
+    if len(parts) != 2 or None in parts:
+        raise UnsupportedGpu(f"compute capability {shown(cc)} is not of the form MAJOR.MINOR")
+    sm = parts[0] * 10 + parts[1]
     if sm >= 110:
         return ARCHS["sm12x"]
     if sm >= 100:

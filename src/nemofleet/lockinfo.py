@@ -4,28 +4,25 @@ commands and the deploy's DeployLock fact."""
 
 from __future__ import annotations
 
-import re
 import time
 
 from .hostcmd import token_digest
+from .valuetypes import UNIX_MAX, host_time, is_number, reads_host
 
-NO_EXPIRY = float("inf")
-# a time the lock program prints is at most 12 ASCII digits (remote/lock.py reads a longer expires=
-# as none); anything else stays text, so a hostile answer never reaches int() or gmtime() unbounded
-_TIME = re.compile(r"[0-9]{1,12}")
-
-
+@reads_host(lambda why, lines: {})
 def parse(lines) -> dict:
-    """`key=value` lines -> {key: value}; other lines are ignored. `expires` and `now` become ints
-    when they are numbers of at most 12 digits."""
+    """`key=value` lines -> {key: value}; other lines are ignored. A time (`now`, and `expires`
+    under any prefix) is an int read by valuetypes.host_time, or left out when it is none: a
+    hostile answer never reaches arithmetic or gmtime() unbounded."""
     out: dict = {}
     for line in lines:
-        key, sep, value = line.strip().partition("=")
+        key, sep, value = str(line).strip().partition("=")
         if sep and key.replace("_", "").isalnum():
             out[key] = value
-    for key in ("expires", "now", "expired_expires"):
-        if _TIME.fullmatch(str(out.get(key, ""))):
-            out[key] = int(out[key])
+    for key in [k for k in out if k == "now" or k.endswith("expires")]:
+        when = host_time(out.pop(key))
+        if when is not None:
+            out[key] = when
     return out
 
 
@@ -33,14 +30,17 @@ def holder_info(out: dict, prefix: str = "") -> dict | None:
     """The holder's fields of a parsed answer (those under `prefix`), or None when there are none."""
     keys = ("holder", "token_sha256", "since", "expires", "message")
     info = {k: out[prefix + k] for k in keys if prefix + k in out}
-    if prefix and "expires" in info and _TIME.fullmatch(str(info["expires"])):
-        info["expires"] = int(info["expires"])
     return info or None
 
 
+def _clock(now) -> float:
+    """`now` when it is a time (a host's clock, or the controller's), else the controller's clock."""
+    return now if is_number(now) and 0 <= now < UNIX_MAX else time.time()
+
+
 def expired(info: dict, now: float) -> bool:
-    exp = info.get("expires")
-    return isinstance(exp, int) and exp <= now
+    exp = host_time(info.get("expires"))
+    return exp is not None and exp <= _clock(now)
 
 
 def describe(info: dict) -> str:
@@ -50,10 +50,10 @@ def describe(info: dict) -> str:
 
 
 def until(info: dict, now: float | None = None) -> str:
-    exp = info.get("expires")
-    if not isinstance(exp, int):
+    exp = host_time(info.get("expires"))
+    if exp is None:
         return "no expiry recorded"
-    left = exp - (time.time() if now is None else now)
+    left = exp - _clock(now)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
     return f"expired at {when}" if left <= 0 else f"expires {when} (in {left / 60:.0f} min)"
 

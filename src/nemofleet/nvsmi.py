@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .valuetypes import shown
+from .valuetypes import Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -26,15 +26,6 @@ MEMINFO_TIMEOUT = 5  # reading /proc/meminfo is instant
 MEMTOTAL = "MEMTOTAL_KB="  # the line NvidiaGpus adds after nvidia-smi's: /proc/meminfo's MemTotal
 CTK_TIMEOUT = 20
 TIMED_OUT = 124  # timeout(1)'s exit status when it had to stop the command
-
-
-class Unreadable(ValueError):
-    """A tool printed something nemofleet cannot read, or did not answer. `value` is what the
-    fact reports on its own (process()); HostFacts records the sentence in `errors`."""
-
-    def __init__(self, sentence: str, value=None):
-        super().__init__(sentence)
-        self.value = value
 
 
 # Query fields, as `nvidia-smi --help-query-gpu` names them (driver 580 on an H200 accepts every
@@ -55,6 +46,14 @@ HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile
     "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max",
     "fabric.state", "fabric.status", "temperature.gpu", "persistence_mode", "gpu_recovery_action")
 
+# the GPU query's own kinds: numbers, and the MIG modes (any other text there is unreadable: a
+# "[Unknown Error]" read as "MIG off" would plan whole-GPU instances on a MIG GPU)
+NUMBERS = COUNTS + ("index", "memory.total")
+MIG_MODES = ("Enabled", "Disabled")
+# boards whose GPU shares the system memory and prints memory.total as [N/A]: DGX Spark (GB10) and
+# Jetson Thor (docs/recipes.md#unified-memory); no other GPU may be sized from MemTotal
+UNIFIED = re.compile(r"\bGB10\b|\bThor\b", re.I)
+
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
 XID_TAIL = 200  # Xid lines kept: a flapping GPU cannot grow the fact without bound
@@ -65,8 +64,10 @@ LOG_TIMEOUT = 10
 SMI_HUNG = "SMI_HUNG"  # HostFacts: the GPU query of the same command timed out; the health query is not tried
 # `NVRM: Xid (PCI:0000:07:00): 79, pid=..., GPU has fallen off the bus.` after dmesg's
 # `[seconds since boot]` (journalctl -k -o short-monotonic prints the same bracket)
-_XID = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)(?:,\s*(.*))?$")
-_REFUSED = re.compile(r'^Field "(.+)" is not a valid field to query\.')
+_XID = re.compile(r"^\[\s*([0-9.]+)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): ([0-9]+)(?:,\s*(.*))?$")
+XID_BUS = re.compile(r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(\.[0-7])?")  # a bus id as an Xid line gives it
+# what nvidia-smi prints for a query field its driver does not know (exit 2): a 470 driver's compute_cap
+REFUSED_FIELD = re.compile(r'Field "([^"]{1,64})" is not a valid field to query')
 
 
 def bus_key(bus_id: str) -> str:
@@ -82,7 +83,7 @@ def typed(name: str, value, where: str = ""):
     nvidia-smi prints for that field. Accepts an already-typed value too (facts files)."""
     if value is None or isinstance(value, bool) and name in YES_NO + ACTIVE:
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and (name in COUNTS or name == "index"):
+    if isinstance(value, int) and not isinstance(value, bool) and name in NUMBERS:
         if 0 <= value <= 2**53:  # a count, a temperature, a link width: never negative, never absurd
             return value
     if not isinstance(value, str):  # a facts file's number, list or mapping where nvidia-smi prints text
@@ -91,15 +92,19 @@ def typed(name: str, value, where: str = ""):
     text = value.strip()
     if text in NOT_REPORTED:
         return None
-    if name in COUNTS or name == "index":
-        if re.fullmatch(r"\d{1,15}", text):
-            return int(text)
+    if name in NUMBERS:
+        count = host_number(text, 0, 2**53)
+        if count is not None:
+            return count
     elif name in YES_NO:
         if text in ("Yes", "No"):
             return text == "Yes"
     elif name in ACTIVE:
         if text in ("Active", "Not Active"):
             return text == "Active"
+    elif name == "mig.mode.current":
+        if text in MIG_MODES:
+            return text
     elif not (text.startswith("[") and text.endswith("]")) and len(text) <= 200 and not _CONTROL.search(text):
         return text
     raise Unreadable(f"nvidia-smi printed {shown(text)} for {name}{where}, which nemofleet cannot read; "

@@ -13,6 +13,7 @@ from . import factmodel, gpuhealth
 from . import plan as planner
 from . import planning
 from . import vllm_flags
+from .nvsmi import REFUSED_FIELD
 from .settings import Settings, SettingsError
 from .spec import settings_of as parse_settings
 from .versions import parse as vt
@@ -52,13 +53,23 @@ def summary(facts: factmodel.Facts) -> str:
             f"cgroup v{facts.cgroup or '?'}")
 
 
+def min_driver(cuda: str) -> str | None:
+    """The driver CUDA `cuda` needs: the row of CUDA_MIN_DRIVER for it, or for the next CUDA the
+    table knows (a version between rows needs at least the next one's driver); None when it is
+    newer than every row (the table cannot tell, so the driver check refuses)."""
+    rows = sorted((vt(c), d) for c, d in CUDA_MIN_DRIVER.items())
+    return next((d for c, d in rows if c >= vt(cuda)), None)
+
+
 def image_cuda(facts: factmodel.Facts, image: str, setting: str | None = None) -> tuple[str | None, str]:
     """(the CUDA version the image needs, where it comes from): the image's own
-    NVIDIA_REQUIRE_CUDA when it is on the host, else the vllm_image_cuda setting, else
-    nemofleet's version table (vllm_flags.VERSIONS, sources there); (None, "") when none says."""
+    NVIDIA_REQUIRE_CUDA when it is on the host (unless it is newer than the driver table knows
+    and vllm_image_cuda says which CUDA to check the driver against), else the vllm_image_cuda
+    setting, else nemofleet's version table (vllm_flags.VERSIONS, sources there); (None, "")
+    when none says."""
     env = facts.image.env if facts.image is not None else {}
-    m = re.search(r"cuda>=(\d+\.\d+)", env.get("NVIDIA_REQUIRE_CUDA", ""))
-    if m:
+    m = re.search(r"cuda>=([0-9]{1,3}\.[0-9]{1,3})", env.get("NVIDIA_REQUIRE_CUDA", ""))
+    if m and not (setting and min_driver(m.group(1)) is None):
         return m.group(1), "image"
     if setting:
         return str(setting), "setting"
@@ -123,7 +134,8 @@ def after_plan(facts: factmodel.Facts, s: Settings, p: planner.Plan) -> tuple[li
 def host_refusal(facts: factmodel.Facts) -> str | None:
     """Before any plan: is there a driver and a GPU (gpu_refusal), and on an NVSwitch system a
     fabric manager of the driver's version (gpuhealth.fabric_refusal: CUDA fails with error 802)?"""
-    return gpu_refusal(facts.gpus) or gpuhealth.fabric_refusal(facts.health, facts.gpus.driver)
+    return gpu_refusal(facts.gpus) or gpuhealth.fabric_refusal(facts.health, facts.gpus.driver,
+                                                                [g.name for g in facts.gpus.gpus])
 
 
 def gpu_refusal(g: factmodel.Gpus) -> str | None:
@@ -132,6 +144,11 @@ def gpu_refusal(g: factmodel.Gpus) -> str | None:
         return ("no NVIDIA driver: nvidia-smi is not installed; install the NVIDIA data-center "
                 "driver (branch 570 or newer) and reboot, or set install_nvidia_driver: true and "
                 "nvidia_driver_branch")
+    refused = REFUSED_FIELD.search(g.error or "")
+    if g.rc == 2 and refused:
+        return (f"the NVIDIA driver is too old for nemofleet's GPU query: its nvidia-smi does not know the query field "
+                f"{refused.group(1)} (470 and older drivers lack compute_cap); upgrade the NVIDIA data-center driver "
+                "(branch 570 or newer, or set install_nvidia_driver: true and nvidia_driver_branch) and reboot")
     if g.rc:
         hint = {9: "load the driver (modprobe nvidia) or reinstall it and reboot",
                 6: "check that the GPUs are attached to this machine (lspci | grep -i nvidia)",
@@ -153,9 +170,16 @@ def _driver_refusals(facts: factmodel.Facts, image: str, setting: str | None = N
         warnings.append(f"the CUDA {image} needs ({need_cuda}) comes from nemofleet's version table, not the image "
                         "(not pulled on this host yet); the image's NVIDIA_REQUIRE_CUDA decides once it is, and "
                         "vllm_image_cuda overrides the table")
-    need_driver = CUDA_MIN_DRIVER.get(need_cuda)
+    need_driver = min_driver(need_cuda)
     driver = facts.gpus.driver
-    if need_driver and vt(driver) < vt(need_driver):
+    if need_driver is None:  # fail closed: the table cannot say which driver this CUDA needs
+        newest = max(CUDA_MIN_DRIVER, key=vt)
+        said = {"image": "its NVIDIA_REQUIRE_CUDA", "setting": "vllm_image_cuda"}.get(source, "nemofleet's version table")
+        return [f"{image} needs CUDA {need_cuda} ({said}), newer "
+                f"than nemofleet's driver table knows (its newest row: CUDA {newest}, driver >= "
+                f"{CUDA_MIN_DRIVER[newest]}), so driver {driver} cannot be checked against it; set vllm_image_cuda to "
+                "the CUDA to check the driver against, or pin an image the table knows"], warnings
+    if vt(driver) < vt(need_driver):
         return [f"driver {driver} supports CUDA {facts.cuda or '?'} but {image} needs CUDA {need_cuda} "
                 f"(driver >= {need_driver}); install the CUDA forward compatibility package (cuda-compat-"
                 f"{need_cuda.replace('.', '-')}, datacenter GPUs) or upgrade the NVIDIA driver and reboot, or pin an "

@@ -8,7 +8,9 @@ rest of nemofleet (it sits below settings, models and facts).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import json
 import math
 import re
 
@@ -31,7 +33,7 @@ _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://|(?<![^\s'\"\[(,]))[^/?#\s'\
                        r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"]*@")
 
 
-def shown(value) -> str:
+def shown(value, limit: int = SHOWN) -> str:
     """The one way a value enters a sentence: repr() (control characters, escape sequences and
     Unicode line separators escaped), a URL's credentials replaced by `***`, shortened; a secret
     (nemofleet.secret.Secret) shows as <secret> by its own repr."""
@@ -42,7 +44,7 @@ def shown(value) -> str:
     except RecursionError:
         return "a value nested too deeply to show"
     text = _USERINFO.sub(lambda m: (m.group(1) or m.group(2) or "") + "***@", text)
-    return text if len(text) <= SHOWN else text[:SHOWN - 3] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def has_credentials(text: str) -> bool:
@@ -67,7 +69,85 @@ def is_number(value) -> bool:
     are refused here, once."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return math.isfinite(value)
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float (10**400): no number a float can hold
+        return False
+
+
+# ---------------------------------------------------------------------------- what a host printed
+# Every number and time a host prints is read here, once: text of ASCII digits (str.isdigit() and
+# int() also take '²' and Arabic-Indic digits; float() takes '1e309', 'inf' and 'nan'), bounded.
+
+UNIX_MAX = 2**40  # a unix time (year 36812): no clock a host can have is beyond it; gmtime() holds it
+_HOST_INT = re.compile(r"-?[0-9]{1,18}")
+_HOST_DECIMAL = re.compile(r"-?[0-9]{1,18}(\.[0-9]{1,18})?([eE][-+]?[0-9]{1,3})?")
+
+
+class Unreadable(ValueError):
+    """A host printed something nemofleet cannot read, or did not answer: one sentence. `value`
+    is what the reader reports on its own for that case (a fact's fallback)."""
+
+    def __init__(self, sentence: str, value=None):
+        super().__init__(sentence)
+        self.value = value
+
+
+def host_number(text, minimum: int = 0, maximum: int = INT_MAX, decimal: bool = False) -> int | float | None:
+    """A number a host printed, or None: ASCII digits with an optional '-' (a fraction and an
+    exponent only where `decimal`: '%g' prints 1.2e-05), from `minimum` to `maximum`. Anything
+    else (another type, '1e309', 'inf', 'nan', '²', '٣', 5000 digits, a number out of range) is
+    None: the caller says what it is not."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not (_HOST_DECIMAL if decimal else _HOST_INT).fullmatch(text):
+        return None
+    value = float(text) if decimal else int(text)
+    return value if minimum <= value <= maximum else None
+
+
+def host_time(value) -> int | None:
+    """A unix time in whole seconds as a host gives it (ASCII digits, or an int already read),
+    0 <= t < UNIX_MAX; None for anything else (a time nobody can hold, text, a float)."""
+    if is_int(value):
+        return value if 0 <= value < UNIX_MAX else None
+    return host_number(value, 0, UNIX_MAX - 1)
+
+
+def reads_host(fallback):
+    """The one wrapper of a controller-side reader of a remote program's answer that is no fact
+    (facts/__init__.py has the facts'): whatever the reader raises on an answer it did not
+    foresee becomes `fallback(sentence, *args)`, that reader's value for "this host's answer is
+    unreadable", never a traceback. The reader itself is `__wrapped__` (the hostile suite feeds
+    it the 25 classes of bad lines and asserts it never needs this)."""
+    def wrap(read):
+        @functools.wraps(read)
+        def total(*args, **kwargs):
+            try:
+                return read(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - an answer the reader did not foresee: this host only
+                return fallback(f"nemofleet cannot read the host's answer ({read.__name__}: {type(exc).__name__})",
+                                *args, **kwargs)
+        return total
+    return wrap
+
+
+def host_json(text: str):
+    """JSON a host printed, as dockerd's Go parser reads it: NaN, Infinity and a number beyond
+    any float (1e309) are no JSON, nor is nesting deeper than a parser holds. ValueError with the
+    reason otherwise (json.loads takes all of them)."""
+    def refused(what):
+        raise ValueError(f"{what} is not a JSON number")
+
+    def number(digits):
+        value = float(digits)
+        return value if math.isfinite(value) else refused(digits[:20])
+
+    try:
+        return json.loads(text, parse_constant=refused, parse_float=number)
+    except RecursionError:
+        raise ValueError("nested deeper than a JSON parser holds") from None
 
 
 def int_problem(value, minimum: int | None = None, maximum: int | None = None) -> str | None:
@@ -83,7 +163,7 @@ def int_problem(value, minimum: int | None = None, maximum: int | None = None) -
 def number_problem(value, minimum: float | None = None, maximum: float | None = None) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"must be a number, not {shown(value)}"
-    if not math.isfinite(value):
+    if not is_number(value):
         return f"{shown(value)} is not a finite number"
     if minimum is not None and value < minimum:
         return f"{shown(value)} must be at least {minimum:g}"

@@ -165,10 +165,11 @@ def test_bad_docker_inputs_refused_with_one_sentence_and_no_change(converged, da
 
 @pytest.mark.parametrize("text, sentence", [
     ('{"log-driver": "json-file",', "/etc/docker/daemon.json is not valid JSON"),
-    # valid JSON, a key nemofleet merges into of another type (dockerd refuses it too): typed at the
-    # edge (factmodel.DaemonJson), this host refused in one sentence, never a TypeError in the deploy
-    ('{"runtimes": 5}', "daemon_json.data has 'runtimes' 5, not an object (dockerd refuses the file too): "
-                        "fix /etc/docker/daemon.json"),
+    # valid JSON, a key nemofleet merges into of another type (dockerd refuses it too): typed where it
+    # is read (facts.docker.DaemonJson: `data` none, so neither the decision nor the merge reads it),
+    # this host refused in one sentence, never a TypeError in the deploy
+    ('{"runtimes": 5}', "/etc/docker/daemon.json is a file that has 'runtimes' 5, not an object (dockerd "
+                        "refuses the file too)"),
 ], ids=["not-json", "runtimes-a-number"])
 def test_malformed_daemon_json_reported_and_left_untouched(converged, changes, text, sentence):
     host = "h200-1"

@@ -173,7 +173,8 @@ def refused_alone_within_bound(fault: str, undo: str, words: str) -> None:
 
 @pytest.mark.parametrize("fault, words", [
     ("hang", "could not read gpus on this host: nvidia-smi did not answer within 20 s (hung driver?)"),
-    ("garbage", "could not read gpus on this host: nvidia-smi printed output nemofleet cannot read:"),
+    ("garbage", "could not read gpus on this host: nvidia-smi printed '[Unknown Error]' for memory.total of GPU 0, "
+                "which nemofleet cannot read"),
 ])
 def test_hung_or_garbage_nvidia_smi_refuses_that_host_only_within_bounded_time(converged, fault, words):
     """A wedged driver or unreadable nvidia-smi output refuses that host in one sentence; the rest of

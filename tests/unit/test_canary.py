@@ -147,11 +147,30 @@ def test_metrics_script_answer_splits_per_instance():
     assert gpu == "NVIDIA H200" and inst == {"nemotron-0": "a 1\nb 2", "nemotron-1": "c 3"}
 
 
+def test_a_metrics_line_no_server_prints_is_skipped_at_once():
+    """Found by the raw hostile suite: a 20,000-character label held one parse for 3 s (the label
+    pattern is quadratic in a line's length); values that are no count (NaN, +Inf, 1e309, '٣') are no sample."""
+    import time
+
+    line = 'http_requests_total{handler="/v1/chat/completions",method=%s,status="2xx"} 1.0'
+    t0 = time.monotonic()
+    assert canary.parse(line % ("A" * 100000)) == {}
+    assert time.monotonic() - t0 < 0.5
+    for value in ("NaN", "+Inf", "1e309", "٣", "-1", "9" * 5000):
+        assert canary.parse(line.replace("1.0", value) % '"POST"') == {}, value
+    assert list(canary.parse(line % '"POST"').values()) == [1.0]
+
+
 def test_the_verdict_module_is_pure():
     import ast
     from pathlib import Path
 
-    tree = ast.parse(Path(canary.__file__).read_text())
-    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert mods <= {"__future__", "math", "re", "dataclasses"}
+    def imports(path):
+        tree = ast.parse(Path(path).read_text())
+        mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        return mods | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    # the one reader of a number a host printed (valuetypes.host_number) is itself standard library only
+    assert imports(canary.__file__) <= {"__future__", "math", "re", "dataclasses", "valuetypes"}
+    assert imports(Path(canary.__file__).with_name("valuetypes.py")) <= {
+        "__future__", "functools", "ipaddress", "json", "math", "re"}

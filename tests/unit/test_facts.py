@@ -56,8 +56,8 @@ def test_toolkit_docker_daemon_json_cgroup_disk():
     assert d["running"] and d["cgroup_version"] == 2 and d["runtimes"] == ["nvidia", "runc"]
     assert DockerInfo().process(["installed=0"])["installed"] is False
     assert DockerInfo().process(["installed=1", "@@engine down info Connection refused"])["running"] is False
-    assert DaemonJson().process(['{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
-    assert DaemonJson().process(["{oops"])["data"] is None
+    assert DaemonJson().process([DaemonJson.FILE, '{"bip": "10.0.0.1/24"}'])["data"] == {"bip": "10.0.0.1/24"}
+    assert DaemonJson().process([DaemonJson.FILE, "{oops"])["data"] is None
     assert DaemonJson().process(["##NEMOFLEET_ABSENT##"]) == {"exists": False, "text": "", "data": {}, "error": None}
     assert CgroupVersion().process(["cgroup2fs"]) == 2 and CgroupVersion().process(["tmpfs"]) == 1
     assert FreeDisk().process(["68702183424"]) == 68702183424
@@ -200,10 +200,14 @@ def test_daemon_json_without_final_newline_does_not_swallow_the_next_fact():
 GARBAGE = "[Unknown Error], GPU-1, NVIDIA H200, [Unknown Error], 580.159.04, 9.0, 00000000:00:06.0, Disabled, Enabled"
 
 
+GARBAGE_SAID = ("nvidia-smi printed '[Unknown Error]' for index of row 1 of 1, which nemofleet cannot read; "
+                "run nvidia-smi -q on the host")
+
+
 def test_nvidia_gpus_garbage_is_an_error_not_no_gpu():
     fact = NvidiaGpus().process([GARBAGE, "RC=0"])
     assert fact["gpus"] == [] and fact["smi"] is True
-    assert fact["error"] == f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}"
+    assert fact["error"] == GARBAGE_SAID
     assert "lists no GPU" not in fact["error"]
 
 
@@ -252,7 +256,7 @@ def test_host_facts_collects_errors_per_part_and_keeps_going():
         engine=["@@engine timeout info", f"@@engine timeout image:{IMAGE}"], docker=["installed=1"],
         cgroup=["cgroup2fs"]))
     assert fact["errors"] == {
-        "gpus": f"nvidia-smi printed output nemofleet cannot read: {GARBAGE}",
+        "gpus": GARBAGE_SAID,
         "cuda": "nvidia-smi -q -x did not answer within 20 s (hung driver?)",
         "toolkit": "nvidia-ctk --version did not answer within 20 s",
         "docker": "docker info did not answer within 20 s (dockerd hung?): check `systemctl status docker` on the host",
@@ -269,11 +273,11 @@ def test_host_facts_any_parse_failure_is_one_sentence(monkeypatch):
     def boom(self, output):
         raise ValueError("invalid literal for int() with base 10: '[Unknown Error]'")
 
-    monkeypatch.setattr(hostmod.FreeDisk, "process", boom)
+    monkeypatch.setattr(hostmod.FreeDisk, "parse", boom)
     fact = HostFacts().process(hostfacts_output(disk_free=["[Unknown Error]"], cgroup=["cgroup2fs"]))
     assert fact["disk_free"] is None and fact["cgroup"] == 2
-    assert fact["errors"]["disk_free"].startswith("the disk_free check printed output nemofleet cannot read (ValueError")
-    assert "first line: '[Unknown Error]'" in fact["errors"]["disk_free"]
+    assert fact["errors"]["disk_free"].startswith("the FreeDisk check printed output nemofleet cannot read (ValueError")
+    assert "first line '[Unknown Error]'" in fact["errors"]["disk_free"]
 
 
 def test_a_hung_nvidia_smi_is_stopped_by_timeout(tmp_path, monkeypatch):
@@ -321,10 +325,145 @@ def test_simulated_nvidia_smi_faults_are_opt_in(tmp_path, monkeypatch):
     assert NvidiaGpus().process(run(NvidiaGpus().command()))["gpus"][0]["memory_mib"] == 143771  # no fault: as before
     (tmp_path / "smi-fault").write_text("garbage\n")
     fact = NvidiaGpus().process(run(NvidiaGpus().command()))
-    assert fact["error"].startswith("nvidia-smi printed output nemofleet cannot read: 0, GPU-1, NVIDIA H200, [Unknown Error]")
+    assert fact["error"].startswith("nvidia-smi printed '[Unknown Error]' for memory.total of GPU 0, which nemofleet cannot")
     assert NvidiaCudaVersion().process(run(NvidiaCudaVersion().command())) is None
     (tmp_path / "smi-fault").write_text("hang\n")
     monkeypatch.setattr(gpu, "SMI_TIMEOUT", 1)
     assert NvidiaGpus().process(run(NvidiaGpus().command()))["rc"] == 124
 
 
+
+
+# --- what a host printed, read by one function each: the audit's forms (issue: hostile input, fourth pass)
+
+H100_ROW = "0, GPU-bab4e095-173a-5610-3df3-6282798f662e, NVIDIA H100 80GB HBM3, 81559, 580.159.04, 9.0, 00000000:00:06.0, Disabled, Enabled"
+
+
+def _rows(n):
+    """n H100 rows as nvidia-smi prints them (the real capture's row, renumbered)."""
+    return [H100_ROW.replace("0, GPU-bab4e095", f"{i}, GPU-bab4e09{i}", 1).replace(":06.0", f":{6 + i:02X}.0")
+            for i in range(n)]
+
+
+def _gpus_part(lines):
+    from nemofleet.facts.host import read_part
+    return read_part("gpus", NvidiaGpus(), lines)
+
+
+def test_nvidia_smi_rows_that_cannot_be_planned_refuse_the_host_in_one_sentence():
+    rows = _rows(8)
+    value, why = _gpus_part(rows + ["RC=0"])
+    assert why is None and len(value["gpus"]) == 8
+    # two rows with the same UUID: two instances on one physical GPU
+    dup = rows[:3] + [rows[3].replace("GPU-bab4e093", "GPU-bab4e091")] + rows[4:]
+    value, why = _gpus_part(dup + ["RC=0"])
+    assert why.endswith("gpus lists uuid GPU-bab4e091-173a-5610-3df3-6282798f662e twice (GPU 1 and GPU 3): two rows "
+                        "of one GPU would plan two instances on it; run nvidia-smi -L on the host") and not value["gpus"]
+    # [Unknown Error] in the MIG field is no "MIG off"
+    value, why = _gpus_part(rows[:5] + [rows[5].replace("Disabled", "[Unknown Error]")] + rows[6:] + ["RC=0"])
+    assert why == ("nvidia-smi printed '[Unknown Error]' for mig.mode.current of GPU 5, which nemofleet cannot read; "
+                   "run nvidia-smi -q on the host") and not value["gpus"]
+    # one bad row among eight is quoted as its own GPU's row, not GPU 0's
+    value, why = _gpus_part(rows[:6] + [rows[6].replace("81559", "[Unknown Error]")] + rows[7:] + ["RC=0"])
+    assert "for memory.total of GPU 6," in why
+    value, why = _gpus_part(rows[:6] + [rows[6] + ", extra"] + rows[7:] + ["RC=0"])
+    assert why.startswith("nvidia-smi printed a row of 10 fields, not 9, for GPU 6: '6, GPU-bab4e096")
+    # numbers nvidia-smi never prints: a value past any float, non-ASCII digits; RC= that is no exit status
+    for memory in ("1e309", "٨١٥٥٩", "inf", "9" * 5000):
+        value, why = _gpus_part([H100_ROW.replace("81559", memory), "RC=0"])
+        assert why and "for memory.total of GPU 0" in why and not value["gpus"], memory
+    for rc in ("RC=٣", "RC=²", "RC=1e309"):
+        assert _gpus_part([H100_ROW, rc])[1].startswith("nvidia-smi printed a row of 1 fields"), rc
+
+
+def test_a_discrete_gpu_without_memory_total_is_never_sized_from_host_memory():
+    row = H100_ROW.replace("81559", "[N/A]")
+    value, why = _gpus_part(["MEMTOTAL_KB=131961972", row, "RC=0"])
+    assert why == ("nvidia-smi reports no memory.total ([N/A]) for GPU 0 (NVIDIA H100 80GB HBM3), which is not a "
+                   "unified-memory board (GB10, Jetson Thor) that shares the system memory; run nvidia-smi -q -d "
+                   "MEMORY on the host") and not value["gpus"]
+    # the GB10 (DGX Spark) is sized from MemTotal, as before; a facts file cannot mark an H100 unified
+    gb10 = (H200.parent / "gb10" / "nvidia_gpus.out").read_text().splitlines()
+    assert _gpus_part(gb10)[0]["gpus"][0]["unified"] is True
+    from nemofleet import factmodel
+    facts = {"gpus": {"smi": True, "rc": 0, "driver": "580.159.04", "gpus": [
+        {"index": 0, "uuid": "GPU-bab4e095-173a-5610-3df3-6282798f662e", "name": "NVIDIA H100 80GB HBM3",
+         "memory_mib": 128869, "unified": True, "mig": "Disabled"}]}}
+    assert "gpus marks GPU 0 ('NVIDIA H100 80GB HBM3') as unified memory" in factmodel.parse(facts)[1][0]
+    facts["gpus"]["gpus"][0].update(unified=False, mig="[Unknown Error]")
+    assert "is not a MIG mode (Enabled, Disabled or N/A)" in factmodel.parse(facts)[1][0]
+
+
+def test_health_lines_of_non_ascii_digits_or_beyond_a_clock_are_no_values():
+    from nemofleet.facts.gpuhealth import GpuHealth
+
+    for btime in ("BTIME=٣", "BTIME=²", f"BTIME={2**40}", "BTIME=1e9", "BTIME=-1"):
+        assert GpuHealth().parse(["RC=0", btime])["boot_time"] is None, btime
+    out = GpuHealth().parse(["RC=٣", "RESET:00000000:07:00.0 ١٧٠٠٠٠٠٠٠٠", "RESET:zz 1700000000",
+                             "DRAINED:not-a-uuid 1700000000 0 x", "XID:[ 1e309] NVRM: Xid (PCI:0000:07:00): 79, x",
+                             "XID:[ 12.5] NVRM: Xid (PCI:0000:07:00): ٧٩, x"])
+    assert out["resets"] == {} and out["drained"] == {} and out["xids"] == [] and out["error"] is None
+
+
+def test_daemon_json_that_dockerd_would_refuse_is_refused_never_overwritten(tmp_path):
+    """The real command against a directory, NaN, the fact's own absent marker as the file's text,
+    and keys nemofleet merges of another JSON type: each is `data` None with the reason, which the
+    decision refuses ("leaves it untouched") and the merge never reads."""
+    import subprocess
+
+    from nemofleet import desired, inputs
+    from test_preflight import DATA, ready
+
+    path = tmp_path / "daemon.json"
+    cases = {"a directory": None, "NaN": '{"log-opts": {"max-size": NaN}}', "the marker": "##NEMOFLEET_ABSENT##",
+             "features a string": '{"features": "cdi"}', "runtimes a list": '{"runtimes": ["nvidia"]}',
+             "a number past any float": '{"bip": 1e309}'}
+    for label, text in cases.items():
+        if text is None:
+            path.mkdir()
+        else:
+            path.write_text(text)
+        out = subprocess.run(["sh", "-c", DaemonJson().command(path=str(path))], capture_output=True, text=True)
+        fact = DaemonJson().process(out.stdout.splitlines())
+        assert fact["exists"] and fact["data"] is None and fact["error"], (label, fact)
+        f = dict(ready(), daemon_json=fact)
+        said = desired.decide(inputs.make("h", DATA, f, inputs.read_secrets(DATA))).refusals
+        assert any(r.startswith("/etc/docker/daemon.json is ") and "leaves it untouched" in r for r in said), (label, said)
+        path.rmdir() if text is None else path.unlink()
+    out = subprocess.run(["sh", "-c", DaemonJson().command(path=str(path))], capture_output=True, text=True)
+    assert DaemonJson().process(out.stdout.splitlines()) == {"exists": False, "text": "", "data": {}, "error": None}
+
+
+def test_a_hub_answer_that_is_no_object_is_an_error_sentence():
+    from nemofleet.facts.weights import HubCommit, parse_hub_commits
+
+    for last in ("null", "[]", '"x"', "1e309", "NaN", '{"sha": null}', '{"error": "a\\nb"}'):
+        got = HubCommit().process(["noise", last])
+        assert set(got) == {"error"} and "\n" not in got["error"], (last, got)
+    assert HubCommit().process(['{"sha": "' + "a" * 40 + '"}']) == {"sha": "a" * 40}
+    items = [("https://huggingface.co", "nvidia/x", "main")]
+    assert parse_hub_commits(items, ["hub_commit ٠", '{"sha": "' + "b" * 40 + '"}']) == {items[0]: {
+        "error": "no answer from the Hub query"}}
+
+
+def test_a_fact_cannot_replace_the_total_reader():
+    """facts.Fact.process is the one wrapper: a fact that defines its own is refused when it is
+    defined, and one whose parse() fails in a way it did not foresee fails that host alone."""
+    import pytest
+    from pyinfra.api.exceptions import FactProcessError
+
+    from nemofleet.facts import Fact
+
+    with pytest.raises(TypeError, match="defines process"):
+        type("Own", (Fact,), {"command": "true", "process": lambda self, output: output})
+
+    class Boom(Fact):
+        command = "true"
+
+        def parse(self, output):
+            return int(output[0])  # no host_number: '²' raises ValueError
+
+    with pytest.raises(FactProcessError, match=r"the Boom check printed output nemofleet cannot read \(ValueError; "
+                                               r"first line '²'\)"):
+        Boom().process(["²"])
+    assert Boom().process(["7"]) == 7 and Boom().process([]) is None

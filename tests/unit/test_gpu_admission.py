@@ -149,6 +149,31 @@ def test_fabric_manager_on_an_nvswitch_system_refuses_the_host():
     assert preflight.check("h", f, DATA).ok
 
 
+def test_a_gb200_nvl_compute_tray_plans_without_a_local_fabric_manager():
+    """GB200 NVL72: the NVSwitches and their fabric manager are in the switch trays, not on the
+    compute tray (leptonai/gpud#1106): fabric state Completed with status Success and no local
+    nvidia-fabricmanager is healthy; a GPU not registered with the fabric refuses the host naming it."""
+    f = ready()
+    g = f["gpus"]["gpus"][0]
+    g.update(name="NVIDIA GB200", memory_mib=189471, cc="10.0")
+    gs = [Gpu(g["index"], g["uuid"], g["name"], g["memory_mib"], g["cc"], bus_id=g["bus_id"])]
+    done = {0: row(gs[0], **{"fabric.state": "Completed", "fabric.status": "Success"})}
+    f["health"] = health(gs, done, fm={"version": None, "active": "inactive"})
+    v = preflight.check("h", f, DATA)
+    assert v.ok, v.refusals
+    f["health"] = health(gs, {0: row(gs[0], **{"fabric.state": "In Progress"})}, fm={"version": None, "active": None})
+    why = preflight.check("h", f, DATA).refusals
+    assert why == ["GPU 0 is not registered with the NVLink fabric (fabric.state In Progress, status not reported), so "
+                   "CUDA fails with error 802; on this NVL compute tray the fabric manager runs on the NVSwitch trays: "
+                   "check it there, then deploy again"]
+    # an HGX H200 in the same state still needs its own fabric manager (leptonai/gpud#1151)
+    f = ready()
+    g = f["gpus"]["gpus"][0]
+    gs = [Gpu(g["index"], g["uuid"], g["name"], g["memory_mib"], g["cc"], bus_id=g["bus_id"])]
+    f["health"] = health(gs, {0: row(gs[0], **{"fabric.state": "Completed", "fabric.status": "Success"})})
+    assert "nvidia-fabricmanager is not running" in preflight.check("h", f, DATA).refusals[0]
+
+
 @pytest.fixture
 def fresh_inventory_module():
     """pyinfra keeps the code of each inventory file it read by file name (inv.py here, as in

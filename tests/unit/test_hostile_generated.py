@@ -310,3 +310,397 @@ def test_no_secret_of_any_type_is_shown(key, tmp_path, monkeypatch):
         full = {"vllm_api_key": KEY, **DATA, key: value}
         d = desired.decide(inputs.make(f"h-{label}", full, _as_deploy_sees(BASE), inputs.read_secrets(full)))
         assert MARK not in " ".join(d.refusals + d.warnings), (label, d.refusals)
+
+
+# ============================================================================ raw host output
+# The same 25 classes as lines a host prints, before any parsing: every fact's parser (each
+# nemofleet.facts.Fact's parse(), as Fact.process and HostFacts call it) and every controller-side
+# reader of a remote program's answer is fed a realistic output with each line replaced by each
+# class, each class inserted before each line, and each word of each line (and each leaf of a
+# JSON line) replaced by it. The assertion: the parser itself raises nothing but Unreadable (no
+# traceback, and so never the wrappers' catch-all either), and what it returns is of its type (a
+# HostFacts part passes the part's declared type, or is refused in one sentence by it).
+
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import nemofleet  # noqa: E402
+from nemofleet import canary, fanout, lockinfo  # noqa: E402
+from nemofleet.facts import Fact  # noqa: E402
+from nemofleet.facts.engine import EngineFact  # noqa: E402
+from nemofleet.facts.host import read_part  # noqa: E402
+from nemofleet.fleet import smoke, status  # noqa: E402
+from nemofleet.valuetypes import UNIX_MAX, Unreadable  # noqa: E402
+
+_ARABIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")  # Arabic-Indic digits: str.isdigit() takes them
+
+
+def _json_text(value) -> str:
+    """JSON text of a value (an int of 5000 digits, which json.dumps refuses, as its digits)."""
+    big = "1" + "0" * 5000
+
+    def walk(v):
+        if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 10000:
+            return "@@BIG@@"
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+    try:
+        return json.dumps(walk(value)).replace('"@@BIG@@"', big)
+    except RecursionError:
+        return "[" * 100 + "]" * 100
+
+
+def _texts(value) -> list[str]:
+    """A class as the text a host can print for it: a number in ASCII and in Arabic-Indic digits,
+    infinity also as 1e309, None as JSON null and Python None, containers as JSON."""
+    if isinstance(value, str):
+        return [value]
+    if value is None:
+        return ["null", "None"]
+    if isinstance(value, bool):
+        return [json.dumps(value), str(value)]
+    if isinstance(value, int):
+        digits = "1" + "0" * 5000 if value.bit_length() > 10000 else str(value)
+        return [digits, digits.translate(_ARABIC)]
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ["nan", "NaN"]
+        if math.isinf(value):
+            sign = "-" if value < 0 else ""
+            return [f"{sign}inf", f"{sign}Infinity", f"{sign}1e309"]
+        return [repr(value)]
+    return [_json_text(value)]
+
+
+RAW = [(label, text) for label, value in HOSTILE for text in _texts(value)]
+_WORD = re.compile(r"[^\s=,:]+")
+
+
+def _json_at(line: str):
+    """(prefix, document) when the line ends in a JSON object or list (an engine answer, a weights
+    check's answer), else None."""
+    for k, c in enumerate(line):
+        if c in "{[":
+            try:
+                return line[:k], json.loads(line[k:])
+            except ValueError:
+                return None
+    return None
+
+
+def _mutants(lines: list[str], words: bool = True):
+    """(label, lines) of every case of one output; `words`: words and JSON leaves too."""
+    seen = set()
+    for i, line in enumerate(lines):
+        doc = _json_at(line) if words else None
+        for label, text in RAW:
+            cases = [lines[:i] + [text] + lines[i + 1:], lines[:i] + [text] + lines[i:]]
+            if words:
+                cases += [lines[:i] + [line[:m.start()] + text + line[m.end():]] + lines[i + 1:]
+                          for m in _WORD.finditer(line)]
+            for case in cases:
+                # a host's output is split at newlines only (pyinfra): a class holding one is two lines
+                case = "\n".join(case).split("\n")
+                key = tuple(case)
+                if key not in seen:
+                    seen.add(key)
+                    yield label, case
+        if doc is not None:
+            prefix, doc = doc
+            for path in list(_paths(doc))[1:]:
+                for label, value in HOSTILE:
+                    yield label, lines[:i] + [prefix + _json_text(_set(doc, path, value))] + lines[i + 1:]
+
+
+def _one_line(why, where):
+    assert isinstance(why, str) and why and "\n" not in why and "\x00" not in why and len(why) < 2000, (where, why)
+
+
+# ---------------------------------------------------------------------------- what hosts print
+# A serving host's output of every fact, in the formats of the real captures (tests/fixtures/gpu/
+# h200/hostfacts_engine.out, ../shared/captures/h100/raw-outputs.txt) and of each fact's command.
+
+_CAPTURE = (FIXTURES / "h200" / "hostfacts_engine.out").read_text().splitlines()
+UUID = "GPU-aad4fc2d-65cb-6858-1097-355c5b328a88"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+IMAGE = "vllm/vllm-openai:v0.27.1"
+ENGINE = [
+    '@@engine 200 info {"ServerVersion":"29.1.3","CgroupDriver":"systemd","CgroupVersion":"2",'
+    '"DefaultRuntime":"runc","Runtimes":{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}}',
+    f'@@engine 200 image:{IMAGE} {{"Id":"sha256:{"ab" * 32}","Config":{{"Env":["PATH=/usr/bin",'
+    '"CUDA_VERSION=12.8.1","NVIDIA_REQUIRE_CUDA=cuda>=12.8 brand=tesla,driver>=535,driver<536"]}}',
+    '@@engine 200 network:gpu-net {"Name":"gpu-net","Id":"1f2e"}',
+    '@@engine 200 container:nemotron-0 {"Name":"/nemotron-0","State":{"Running":true},'
+    '"NetworkSettings":{"Networks":{"gpu-net":{"Aliases":["nemotron-0"]}}}}',
+]
+
+
+def _capture_sections() -> dict[str, list[str]]:
+    out, cur = {}, None
+    for line in _CAPTURE:
+        if line.startswith(HostFacts.MARK):
+            cur = line[len(HostFacts.MARK):]
+            out[cur] = []
+        else:
+            out[cur].append(line)
+    return out
+
+
+PARTS_OUT = {**_capture_sections(), **{
+    "engine": ENGINE,
+    "toolkit": ["ctk=1.18.0", "hook=1", "runtime=1", "cdi=/etc/cdi/nvidia.yaml", "cdi_refresh=enabled"],
+    "docker": ["installed=1"],
+    "daemon_json": ["##NEMOFLEET_FILE##", "{", '    "default-runtime": "runc",',
+                    '    "exec-opts": ["native.cgroupdriver=cgroupfs"],', '    "features": {"cdi": true},',
+                    '    "log-opts": {"max-size": "100m"},',
+                    '    "runtimes": {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}', "}", ""],
+    "models": [json.dumps({"nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {
+        "total_size": 63200000000, "complete": True, "revision": SHA,
+        "config": {"architectures": ["NemotronHForCausalLM"], "max_position_embeddings": 262144,
+                   "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 52},
+        "marker_ok": {"present_bytes": 63200000000, "total_size": 63200000000, "incomplete_files": 0}}})],
+    "release": ["id=0a1b2c3d4e5f", f"image={IMAGE}", "model=nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"],
+    "gpu_access": ["runtime nvidia cgroupfs 29.1.3"],
+    "lock": ["state=HELD", "holder=alice@ctl", f"token_sha256={'e' * 64}", "since=2026-12-03T09:00:00Z",
+             "expires=1796409088", "message=driver upgrade", "now=1796405488"],
+    "addresses": ["lo 127.0.0.1/8", "eth0 10.0.0.5/24", "eth0 fe80::1/64"],
+    "rdma": ["mlx5_0 mlx5_1"],
+    "health": _capture_sections()["health"] + [
+        "REFUSED=gpu_recovery_action", "Q:GPU 00000000:00:06.0", "Q:    GPU Recovery Action                  : None",
+        "XID:[ 1234.567890] NVRM: Xid (PCI:0000:00:06): 79, pid=1234, GPU has fallen off the bus.",
+        "RESET:00000000:00:06.0 1796405500", f"DRAINED:{UUID} 1796405500 0 xid 79 (fallen off the bus)",
+        "FM_VERSION=580.159.04"],
+}}
+
+
+def _host_output() -> list[str]:
+    out = []
+    for key in [HostFacts.ENGINE, *HostFacts.PARTS]:
+        out += [HostFacts.MARK + key, *PARTS_OUT.get(key, [])]
+    return out
+
+
+# the facts outside HostFacts, read by operations (or bootstrap), each with a serving host's output
+OWN_OUT = {
+    "UnitStates": ["unit nemofleet-vllm-nemotron-0.service enabled active",
+                   "unit nemofleet-vllm-nemotron-1.service disabled inactive", "file nemofleet-vllm-nemotron-0.service"],
+    "AptPackages": ["pkg nvidia-container-toolkit 1.18.0-1 hi", "pkg libnvidia-container1 1.18.0-1 ii",
+                    "held nvidia-container-toolkit"],
+    "BootstrapState": ["pkg nvidia-driver-580-server 580.159.04-0ubuntu1 hi", "held nvidia-driver-580-server",
+                       "loaded 580.159.04"],
+    "FilesDigest": ["755 dir /etc/nemofleet", "- - /etc/nemofleet/gone.json", "@nemofleet-files",
+                    "/etc/nemofleet/health.json", "@nemofleet-modes", "644", "@nemofleet-sums",
+                    f"{'c' * 64}  /etc/nemofleet/health.json"],
+    "FileText": ['from="10.0.0.0/8",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG5lbW9mbGVldA nemofleet-seed'],
+    "TcpReach": ["open"],
+    "MachineId": ["0123456789abcdef0123456789abcdef"],
+    "WeightsStatus": [json.dumps({"dir": "/srv/nemofleet/models/x", "exists": True, "complete": True, "marker": True,
+                                  "missing": [], "truncated": [], "incomplete_files": 0, "present_bytes": 10,
+                                  "total_size": 10, "commit_ok": True, "other_commits": []})],
+    "HubCommit": [json.dumps({"sha": SHA})],
+    "Networks": [ENGINE[2]],
+    "ContainerNetworks": [ENGINE[3]],
+    "Batch": ["@@nemofleet-batch:-1", *ENGINE, "@@nemofleet-rc:0", "@@nemofleet-batch:0",
+              "unit nemofleet-vllm-nemotron-0.service enabled active", "@@nemofleet-rc:0"],
+}
+
+
+def _fact_classes() -> dict[str, type]:
+    """Every concrete nemofleet fact (a new one without an output above fails the suite)."""
+    for mod in pkgutil.walk_packages(nemofleet.__path__, "nemofleet."):
+        if mod.name.startswith(("nemofleet.facts", "nemofleet.bootstrap")):
+            importlib.import_module(mod.name)
+    out, todo = {}, [Fact]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls not in (Fact, EngineFact) and cls.__module__.startswith("nemofleet."):
+            out[cls.__name__] = cls
+    return out
+
+
+def _parsed(fact, lines):
+    """(value, sentence or None) of the fact's own parser: anything but Unreadable is a traceback."""
+    try:
+        return fact.parse(lines), None
+    except Unreadable as exc:
+        return (fact.default() if exc.value is None else exc.value), str(exc)
+
+
+def test_every_fact_and_remote_program_has_its_realistic_output_here():
+    """A fact or a remote program added without a place in the raw suite fails here, and every
+    pyinfra fact of nemofleet is a Fact (so its process() is the one total wrapper)."""
+    facts = _fact_classes()
+    in_host = {type(f).__name__ for _, f, _ in HostFacts()._parts(dict.fromkeys(HostFacts.ARGS, ""))}
+    assert set(facts) == in_host | set(OWN_OUT) | {"HostFacts"}, set(facts) ^ (in_host | set(OWN_OUT) | {"HostFacts"})
+    from pyinfra.api import FactBase
+
+    stray = [c.__name__ for c in _all_subclasses(FactBase) if c.__module__.startswith("nemofleet.")
+             and not issubclass(c, Fact)]
+    assert not stray, stray
+    programs = {p.stem for p in (Path(nemofleet.__file__).parent / "remote").glob("*.py") if p.stem != "__init__"}
+    assert programs == set(READERS) | set(NOT_READ), programs ^ (set(READERS) | set(NOT_READ))
+
+
+def _all_subclasses(cls):
+    for c in cls.__subclasses__():
+        yield c
+        yield from _all_subclasses(c)
+
+
+@pytest.mark.parametrize("key", [k for k in HostFacts.PARTS])
+def test_every_hostfacts_part_with_every_hostile_line(key):
+    """A part's output with each class in each line, word and JSON leaf: its fact's parser raises
+    nothing but Unreadable, and the part it hands on is of its declared type or refused in one
+    sentence (read_part: what the deploy, `nemofleet plan` and status read)."""
+    fact = HostFacts.PARTS[key][0]()
+    own, read = PARTS_OUT.get(key, []), PARTS_OUT[HostFacts.ENGINE] if isinstance(fact, EngineFact) else []
+    cases = [("clean", own + read)] + [(label, lines + read) for label, lines in _mutants(own)]
+    cases += [(label, own + lines) for label, lines in _mutants(read)]  # the Docker parts' shared engine read
+    typed = {}
+    for label, lines in cases:
+        value, why = _parsed(fact, lines)
+        if why is None:
+            why = schema.part_problem(key, value)
+            assert label != "clean" or why is None, why
+        if why is not None:
+            _one_line(why, (key, label, lines[:3]))
+        part, said = read_part(key, fact, lines)  # the wrapper agrees with the parser
+        assert (said is None) == (why is None) and (said is not None or schema.part_problem(key, part) is None)
+        if said is None:
+            typed.setdefault(repr(part), (label, part))
+    # each distinct part a hostile line left of its type: the deploy's decision over it never raises
+    host = HostFacts().parse(_host_output())
+    for label, part in typed.values():
+        _decide(f"raw-{key}-{label}", DATA, {**host, key: part})
+    assert len(cases) > 50
+
+
+def test_the_whole_hostfacts_output_with_every_hostile_line():
+    """The combined output (section markers included) with each line replaced by each class and
+    each class inserted before it: HostFacts never raises, and the gatherer refuses the host in
+    one-line sentences or plans it."""
+    out = _host_output()
+    clean = HostFacts().parse(out)
+    assert clean["errors"] == {}, clean["errors"]
+    assert not factmodel.parse(clean)[1]
+    for label, lines in _mutants(out, words=False):
+        facts = HostFacts().parse(lines)
+        for why in list(facts["errors"].values()) + factmodel.parse(facts)[1]:
+            _one_line(why, (label, why))
+
+
+@pytest.mark.parametrize("name", sorted(OWN_OUT))
+def test_every_operation_fact_with_every_hostile_line(name):
+    """The facts the operations read: the parser raises nothing but Unreadable and its value is
+    of the fact's type (that of its value for the clean output, or of its default)."""
+    fact = _fact_classes()[name]()
+    own = OWN_OUT[name]
+    clean, why = _parsed(fact, own)
+    assert why is None and clean is not None and clean != fact.default(), (name, clean)
+    types = (type(clean), type(fact.default()))
+    for label, lines in _mutants(own):
+        value, why = _parsed(fact, lines)
+        assert isinstance(value, types) and fact.process(lines) == value, (name, label, value)
+        if why is not None:
+            _one_line(why, (name, label))
+
+
+# ---------------------------------------------------------------------------- remote programs' answers
+
+def _lock(lines):
+    out = lockinfo.parse.__wrapped__(lines)
+    for k, v in out.items():
+        if k == "now" or k.endswith("expires"):
+            assert type(v) is int and 0 <= v < UNIX_MAX, (k, v)
+    for prefix in ("", "expired_", "released_"):
+        info = lockinfo.holder_info(out, prefix)
+        if info:
+            lockinfo.describe(info), lockinfo.until(info, out.get("now")), lockinfo.expired(info, out.get("now"))
+            lockinfo.lock_refusal(info, None, out.get("now") or 0)
+    return out
+
+
+def _status(lines):
+    said = (status.unit_lines.__wrapped__(lines, 1796405488.0) + status.gpu_lines.__wrapped__(lines)
+            + status.canary_line.__wrapped__(lines))
+    status._record.__wrapped__(lines)
+    for line in said:
+        assert isinstance(line, str) and "\n" not in line, line
+    return said
+
+
+def _smoke(lines):
+    a = smoke.parse.__wrapped__("h", 0, "\n".join(lines))
+    assert isinstance(a, smoke.Answer) and "\n" not in a.error and (a.seconds is None or math.isfinite(a.seconds))
+    return a
+
+
+def _metrics(lines):
+    gpu, texts = canary.split_instances.__wrapped__(lines)
+    for text in texts.values():
+        samples = canary.parse.__wrapped__(text)
+        assert all(math.isfinite(v) and 0 <= v for v in samples.values()), samples
+        canary.figures_of(samples).text()
+    return gpu, texts
+
+
+def _hub(lines):
+    items = [("https://huggingface.co", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "main")]
+    got = weights_facts.parse_hub_commits.__wrapped__(items, lines)
+    assert set(got) == {items[0]} and (set(got[items[0]]) in ({"sha"}, {"error"})), got
+    _one_line(next(iter(got[items[0]].values())), got)
+    return got
+
+
+def _holders(lines):
+    return fanout.parse_holders(lines, {"/srv/nemofleet/models/x": "x"})
+
+
+from nemofleet.facts import weights as weights_facts  # noqa: E402
+
+# {remote program: [(reader, its answer on a serving host)]}: the facts that read engine_read,
+# weights_check, models_on_disk, hub and lock are fed above; these are the readers that are no fact
+READERS = {
+    "engine_read": [], "weights_check": [(_holders, ["nemofleet-holds /srv/nemofleet/models/x"])],
+    "models_on_disk": [],
+    "lock": [(_lock, ["state=ACQUIRED", "expired_holder=bob@ctl", f"expired_token_sha256={'f' * 64}",
+                      "expired_since=2026-12-01T09:00:00Z", "expired_expires=1796400000", "holder=alice@ctl",
+                      "expires=1796409088", "now=1796405488"])],
+    "release": [(_lock, ["id=0a1b2c3d4e5f", f"units_sha256={'d' * 64}"])],
+    "host_status": [(_status, ["release id=r1", f"release image={IMAGE}",
+                               "unit nemofleet-vllm-nemotron-0.service active nemofleet vLLM nemotron-0 (nemotron on GPU 0)",
+                               'prom nemofleet_vllm_up{instance="nemotron-0",model="nemotron",port="8000"} 1',
+                               'prom nemofleet_vllm_last_success_timestamp_seconds{instance="nemotron-0"} 1796405400',
+                               'prom nemofleet_vllm_num_requests_running{instance="nemotron-0"} 3',
+                               'prom nemofleet_vllm_kv_cache_usage_ratio{instance="nemotron-0"} 1.2e-05',
+                               f"gpusick {UUID} 1796405500 0 xid 79 (fallen off the bus)",
+                               "weights nvidia--X 10 of 10 (100%) tensor bytes, complete",
+                               "canary 2026-12-03T09:00:00Z alice@ctl canary pass: 120 req, 0.0% errors"])],
+    "smoke": [(_smoke, ['{"choices": [{"message": {"content": "391"}, "finish_reason": "stop"}], '
+                        '"usage": {"prompt_tokens": 12, "completion_tokens": 3}}',
+                        f"{smoke.MARK} http 200 0.25 instance 127.0.0.1:8000"])],
+    "metrics": [(_metrics, ["@@gpu NVIDIA H200", "@@instance nemotron-0",
+                            'http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 120.0',
+                            'http_requests_total{handler="/v1/chat/completions",method="POST",status="5xx"} 2.0',
+                            'vllm:e2e_request_latency_seconds_bucket{le="0.5",model_name="m"} 100.0',
+                            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 122.0',
+                            'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 122.0'])],
+    "hub": [(_hub, ["hub_commit 0", json.dumps({"sha": SHA})])],
+}
+NOT_READ = {"gpu_return": "its exit status only", "health": "runs on the host; its textfile is host_status's prom lines"}
+
+
+@pytest.mark.parametrize("program", sorted(READERS))
+def test_every_remote_answer_reader_with_every_hostile_line(program):
+    """The controller's readers of a remote program's answer (the function each wraps with
+    valuetypes.reads_host, called as itself): nothing raises, and what they read is bounded."""
+    for reader, answer in READERS[program]:
+        reader(answer)
+        for _label, lines in _mutants(answer):
+            reader(lines)

@@ -169,3 +169,44 @@ def test_plan_refuses_what_the_deploy_refuses_a_host_without_an_api_key(tmp_path
 def test_plan_facts_file_that_is_not_json_is_one_sentence(tmp_path, capsys):
     rc, out = _plan_cli(tmp_path, capsys, 'gpu_h200 = ["a"]\n', "{not json")
     assert rc == 2 and "cannot read the facts file facts.json:" in out and "Traceback" not in out
+
+
+def test_a_470_driver_is_told_it_is_too_old_for_the_query_naming_the_field():
+    """A 470 driver's nvidia-smi has no compute_cap field: the GPU query exits 2 with nvidia-smi's
+    own line (as the H200 capture's query_invalid_field.out for another field)."""
+    from nemofleet.facts.gpu import NvidiaGpus
+
+    f = ready()
+    f["gpus"] = NvidiaGpus().process(['Field "compute_cap" is not a valid field to query.', "", "RC=2"])
+    why = preflight.check("h", f, DATA).refusals
+    assert len(why) == 1 and "too old for nemofleet's GPU query" in why[0] and "query field compute_cap" in why[0]
+    assert "upgrade the NVIDIA data-center driver" in why[0] and "run nvidia-smi" not in why[0]
+
+
+def test_an_image_cuda_newer_than_the_driver_table_refuses_naming_its_newest_row_and_the_override():
+    """Fail closed: a CUDA the table has no row for (or above) is never checked as "no driver needed"."""
+    f = ready()
+    f["image"] = {"id": "sha256:" + "1" * 64, "env": {"NVIDIA_REQUIRE_CUDA": "cuda>=13.9 brand=tesla,driver>=595"}}
+    why = preflight.check("h", f, DATA).refusals
+    newest = max(preflight.CUDA_MIN_DRIVER, key=preflight.vt)
+    assert len(why) == 1 and "needs CUDA 13.9 (its NVIDIA_REQUIRE_CUDA)" in why[0], why
+    assert f"its newest row: CUDA {newest}, driver >= {preflight.CUDA_MIN_DRIVER[newest]}" in why[0]
+    assert "set vllm_image_cuda" in why[0]
+    # the override: the operator names the CUDA to check the driver against
+    assert preflight.check("h", f, {**DATA, "vllm_image_cuda": "13.0"}).ok
+    assert not preflight.check("h", f, {**DATA, "vllm_image_cuda": "13.2"}).ok  # 580.159.04 < 595.45.04
+    # between rows: the next row's driver, never none (12.7 is no CUDA release)
+    assert preflight.min_driver("12.7") == preflight.CUDA_MIN_DRIVER["12.8"]
+    assert preflight.min_driver("11.8") == preflight.CUDA_MIN_DRIVER["12.0"]
+    # non-ASCII digits in the image's env are no version: the table's CUDA decides, with its warning
+    f["image"]["env"]["NVIDIA_REQUIRE_CUDA"] = "cuda>=١٣.٩"
+    assert preflight.image_cuda(factmodel.parse(f)[0], "vllm/vllm-openai:v0.32.0")[1] == "table"
+
+
+def test_a_compute_capability_of_non_ascii_digits_is_none():
+    """int('٩') is 9: a cc of Arabic-Indic digits planned as Hopper; it is refused like any cc that
+    is not MAJOR.MINOR."""
+    f = ready()
+    f["gpus"]["gpus"][0]["cc"] = "٩.٠"
+    why = preflight.check("h", f, DATA).refusals
+    assert any("compute capability '٩.٠' is not of the form MAJOR.MINOR" in r for r in why), why

@@ -186,6 +186,12 @@ def test_parse_every_kind_of_answer():
     odd = p("h", 0, f'{{"object": "list"}}\n{m} http 200 0.1 instance 127.0.0.1:8000')
     assert odd.error.startswith("HTTP 200 from instance 127.0.0.1:8000 but not a chat completion")
     assert p("h", 0, f"{m} http nope").error.startswith("unexpected marker line")
+    # a marker whose figures are no numbers (float('1.2.3') raised), a body of
+    # JSON nested past any parser, or NaN
+    for line in (f"{m} http 200 1.2.3 instance x", f"{m} http ٢٠٠ 0.1 instance x", f"{m} http 200 1e309 instance x"):
+        assert p("h", 0, line).error.startswith("unexpected marker line"), line
+    assert not p("h", 0, "[" * 100000 + f"\n{m} http 200 0.1 instance x").ok
+    assert p("h", 0, f'{{"choices": NaN}}\n{m} http 200 0.1 instance x').error.startswith("HTTP 200 from instance x but not")
 
 
 def test_through_pyinfras_exec_as_the_command_sends_it(tmp_path, server):

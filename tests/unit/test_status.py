@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import standin_server
 
-from nemofleet.fleet.status import load_text, unit_lines
+from nemofleet.fleet.status import gpu_lines, load_text, unit_lines
 from nemofleet.plan import Gpu, make_plan
 from nemofleet.render import health_config, health_program
 from nemofleet.settings import defaults
@@ -37,6 +37,21 @@ UNITS = [
 
 
 # --- nemofleet status ---------------------------------------------------------------------------
+
+def test_status_lines_a_host_cannot_have_printed_are_left_out():
+    """A unit line of two words (it raised IndexError), a drained GPU's time in non-ASCII digits or
+    beyond any clock (int('²') raised, gmtime overflowed), a last-success time of 5000 digits."""
+    lines = ["unit nemofleet-vllm-x.service", "unit", *UNITS,
+             'prom nemofleet_vllm_last_success_timestamp_seconds{instance="nemotron-1"} ' + "9" * 5000]
+    out = unit_lines(lines, 1000.0)
+    assert len(out) == 2 and out[1].startswith("nemotron-1") and "never" in out[1]
+    uuid = "GPU-bab4e095-173a-5610-3df3-6282798f662e"
+    assert gpu_lines([f"gpusick {uuid} ١٧٠٠٠٠٠٠٠٠ 0 xid 79", f"gpusick {uuid} ² 0 x", f"gpusick {uuid} {10**20} 0 x",
+                      f"gpusick {uuid} 1700000000 0 xid 79"]) == [
+        f"GPU 0 ({uuid}) SICK since 2023-11-14T22:13:20Z, its instances out of the front door: xid 79"]
+    assert load_text({"num_requests_running": "1e309", "num_requests_waiting": "NaN", "kv_cache_usage_ratio": "1.2e-05"}) \
+        == "running   - waiting   - KV   0.0%"
+
 
 def test_status_shows_running_waiting_and_kv_per_instance():
     lines = UNITS + ['prom nemofleet_vllm_num_requests_running{instance="nemotron-0"} 3',

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
-from pyinfra.api import FactBase
+from . import Fact
 
 from .. import shell
 from . import engine
 from .engine import EngineFact
 from .gpu import Unreadable
+from ..dockerconf import host_file_problem
+from ..valuetypes import host_json, host_number, shown
 
 ABSENT = "##NEMOFLEET_ABSENT##"
 
@@ -53,36 +53,47 @@ class DockerInfo(EngineFact):
         for k in ("server", "cgroup_driver", "default_runtime"):
             out[k] = got[k] if isinstance(got[k], str) and got[k] else None
         # "1" or "2" (docker 20.10+); absent on an older engine
-        version = str(got["cgroup_version"] or "")
-        out["cgroup_version"] = int(version) if version.isdigit() else None
+        version = got["cgroup_version"]
+        out["cgroup_version"] = host_number(str(version) if isinstance(version, (str, int)) else None, 1, 2)
         out["runtimes"] = sorted(k for k in got["runtimes"] or {} if isinstance(k, str)) \
             if isinstance(got["runtimes"], dict) else []
         return out
 
 
-class DaemonJson(FactBase):
-    """/etc/docker/daemon.json: {"exists", "text", "data", "error"}; `data` is None when malformed."""
+class DaemonJson(Fact):
+    """/etc/docker/daemon.json: {"exists", "text", "data", "error"}. `data` is its JSON object, {}
+    when there is no file, and None when nemofleet must leave the file as it is (`error` says why:
+    not a regular file, not JSON as dockerd reads it, a key nemofleet merges of another type)."""
+
+    # the first line says what is at the path; the file's own lines, if any, come after it, so no
+    # text in the file can pass for "no file" (and be overwritten)
+    FILE, NOT_A_FILE = "##NEMOFLEET_FILE##", "##NEMOFLEET_NOT_A_FILE##"
 
     def command(self, path: str = "/etc/docker/daemon.json") -> str:
         q = shell.quote(path)
         # `; echo`: a file without a final newline (json.dump, echo -n) must not run into the
         # next part of HostFacts' one combined command
-        return f"if [ -f {q} ]; then cat {q}; echo; else echo '{ABSENT}'; fi"
+        return (f"if [ -f {q} ]; then echo '{self.FILE}'; cat {q}; echo; "
+                f"elif [ -e {q} ] || [ -L {q} ]; then echo '{self.NOT_A_FILE}'; else echo '{ABSENT}'; fi")
 
     def default(self):
         return {"exists": True, "text": "", "data": None, "error": "daemon.json is empty"}
 
-    def process(self, output):
-        text = "\n".join(output)
-        if text.strip() == ABSENT:
+    def parse(self, output):
+        head, text = output[0].strip(), "\n".join(output[1:])
+        if head == ABSENT:
             return {"exists": False, "text": "", "data": {}, "error": None}
+        if head == self.NOT_A_FILE:
+            return {"exists": True, "text": "", "data": None, "error": "not a regular file (a directory, or a link to nothing)"}
+        if head != self.FILE:
+            raise Unreadable(f"the daemon.json check printed {shown(head)} where it says what is at the path; "
+                             "run `pyinfra HOST fact nemofleet.facts.docker.DaemonJson` to see it")
         try:
-            data = json.loads(text)
+            data = host_json(text)
         except ValueError as exc:
-            return {"exists": True, "text": text, "data": None, "error": f"not valid JSON ({exc})"}
-        if not isinstance(data, dict):
-            return {"exists": True, "text": text, "data": None, "error": "the top level is not an object"}
-        return {"exists": True, "text": text, "data": data, "error": None}
+            return {"exists": True, "text": text, "data": None, "error": f"not valid JSON as dockerd reads it ({exc})"}
+        why = "has a top level that is not an object" if not isinstance(data, dict) else host_file_problem(data)
+        return {"exists": True, "text": text, "data": None if why else data, "error": f"a file that {why}" if why else None}
 
 
 class ImageInfo(EngineFact):
@@ -112,7 +123,7 @@ class ImageInfo(EngineFact):
         return {"id": body["Id"], "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
 
 
-class HostAddresses(FactBase):
+class HostAddresses(Fact):
     """{interface: [IP address, ...]} of the host (`ip -o addr`). docker0's first IPv4 address is
     Docker's default bridge gateway: what `host-gateway` (`--add-host=host.docker.internal:host-gateway`)
     resolves to in containers."""
@@ -122,7 +133,7 @@ class HostAddresses(FactBase):
     def default(self):
         return {}
 
-    def process(self, output):
+    def parse(self, output):
         out: dict = {}
         for line in output:
             parts = line.split()

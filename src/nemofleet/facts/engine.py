@@ -20,11 +20,12 @@ engine fact says so in one sentence.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import quote as url_quote, unquote as url_unquote
 
 from .. import remote, shell
-from .gpu import TIMED_OUT, StrictFact, Unreadable
+from . import Fact
+from .gpu import TIMED_OUT, Unreadable
+from ..valuetypes import host_json, host_number
 
 MARK = "@@engine "
 # dockerd answers each of these in milliseconds; 20 s for all of a read means dockerd is hung (a
@@ -107,11 +108,12 @@ def answers(output) -> dict:
                 raise Unreadable(f"the Docker engine did not answer within {ENGINE_TIMEOUT} s (dockerd hung?): "
                                  "check `systemctl status docker` on the host")
             raise Unreadable("the Docker engine read failed on the host (python3 exited with an error)")
-        if status.isdigit():
+        code = host_number(status, 100, 599)
+        if code is not None:
             try:
-                found[key] = (int(status), json.loads(body))
+                found[key] = (code, host_json(body))
             except ValueError:
-                found[key] = (int(status), None)
+                found[key] = (code, None)
         else:
             found[key] = (status, body.strip() or None)
     if not saw:
@@ -124,24 +126,17 @@ def answer(found: dict, key: str) -> tuple[object, object]:
     return found.get(key) or ("down", None)
 
 
-class EngineFact(StrictFact):
+class EngineFact(Fact):
     """A fact read from the Engine API: `requests(**kwargs)` names what it asks for and `parse(lines)`
     takes its keys from `answers(lines)`; `prefix(**kwargs)` is a shell command whose lines come
-    before the read's (DockerInfo: is the docker CLI installed)."""
+    before the read's (DockerInfo: is the docker CLI installed). A read that failed gives the
+    fact's own fallback (Unreadable.value) or its default; HostFacts refuses the host in its sentence."""
 
     def requests(self, **kwargs) -> list[tuple[str, str]]:
         raise NotImplementedError
 
     def prefix(self, **kwargs) -> str | None:
         return None
-
-    def process(self, output):
-        """Never raises: a read that failed gives the fact's own fallback (Unreadable.value) or its
-        default (HostFacts calls parse() to get the sentence)."""
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value if exc.value is not None else self.default()
 
     def read(self, **kwargs) -> str:
         """The fact's command on its own (each subclass's `command` names its arguments, as pyinfra

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .. import shell  # the one quoting boundary
 
-from pyinfra.api import FactBase
+from . import Fact
 
 
-class FilesDigest(FactBase):
+class FilesDigest(Fact):
     """{path: (mode, sha256) or None} for every path, in one command.
 
     Regular files are read with one `stat` and one `sha256sum` for all of them (not three
@@ -26,7 +26,7 @@ class FilesDigest(FactBase):
                 f"if [ $# -gt 0 ]; then echo {self.FILES}; printf '%s\\n' \"$@\"; echo {self.MODES}; "
                 f"stat -c %a -- \"$@\"; echo {self.SUMS}; sha256sum -- \"$@\"; fi")
 
-    def process(self, output):
+    def parse(self, output):
         out = {}
         section, files, modes, sums = None, [], [], []
         for line in output:
@@ -39,7 +39,7 @@ class FilesDigest(FactBase):
             elif section == self.SUMS:
                 # sha256sum prefixes a line with a backslash when it escaped the name
                 sums.append(line.lstrip("\\").split(" ", 1)[0])
-            else:
+            elif len(line.split(" ", 2)) == 3:  # "<mode> dir <path>" or "- - <path>"
                 mode, digest, path = line.split(" ", 2)
                 out[path] = None if mode == "-" else (mode, digest)
         paired = len(modes) == len(files) == len(sums)
@@ -48,9 +48,9 @@ class FilesDigest(FactBase):
         return out
 
 
-class FileText(FactBase):
+class FileText(Fact):
     def command(self, path: str) -> str:
         return f"cat {shell.quote(path)} 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         return "\n".join(output) + "\n"

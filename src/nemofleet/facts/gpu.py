@@ -5,65 +5,65 @@ from __future__ import annotations
 import csv
 import re
 
-from pyinfra.api import FactBase
-
+from . import Fact
 from ..nvsmi import (  # noqa: F401  (the names the facts and their tests use)
     CTK_TIMEOUT,
     GPU_FIELDS,
     MEMINFO_TIMEOUT,
     MEMTOTAL,
+    NOT_REPORTED,
     SMI_EXIT,
     SMI_TIMEOUT,
     TIMED_OUT,
-    Unreadable)
-
-
-class StrictFact(FactBase):
-    """A fact with a strict `parse()` (raises Unreadable) whose `process()` never raises: what
-    pyinfra stores is the fallback value the Unreadable carries; HostFacts calls parse() to get the
-    sentence (read_part)."""
-
-    def process(self, output):
-        try:
-            return self.parse(output)
-        except Unreadable as exc:
-            return exc.value
+    UNIFIED,
+    Unreadable,
+    typed)
+from ..valuetypes import host_number, shown
 
 
 def _rc_split(lines: list[str]) -> tuple[list[str], int | None]:
-    if lines and lines[-1].startswith("RC=") and lines[-1][3:].isdigit():
-        return lines[:-1], int(lines[-1][3:])
-    return lines, None
+    rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
+    return (lines[:-1], rc) if rc is not None else (lines, None)
 
 
-def _na(value: str) -> str | None:
-    return None if value in ("[N/A]", "N/A", "[Not Supported]", "") else value
+def _gpu_row(n: int, row: list[str], memtotal_kb: int | None, rows: int) -> dict:
+    """The `n`th --query-gpu row of `rows`, each field typed as nvidia-smi prints it (nvsmi.typed);
+    Unreadable naming the GPU (its index, else the row) and quoting the row otherwise.
 
-
-def _gpu_row(row: list[str], memtotal_kb: int | None = None) -> dict:
-    """One --query-gpu row; ValueError when a field is not what nvidia-smi prints for it.
-
-    A unified-memory board (DGX Spark GB10, Jetson Thor) prints memory.total as [N/A]: its GPU
-    shares the system memory, so the row takes MemTotal (what vLLM sees there as GPU memory) and
-    says `unified: True` (docs/recipes.md#unified-memory); Unreadable when MemTotal is unknown."""
+    A unified-memory board (DGX Spark GB10, Jetson Thor: nvsmi.UNIFIED) prints memory.total as
+    [N/A]: its GPU shares the system memory, so the row takes MemTotal (what vLLM sees there as GPU
+    memory) and says `unified: True` (docs/recipes.md#unified-memory). A discrete GPU without a
+    memory.total is unreadable: host RAM is not its memory."""
+    first = host_number(row[0], 0, 1023) if row else None
+    which = f"GPU {first}" if first is not None else f"row {n + 1} of {rows}"
     if len(row) != len(GPU_FIELDS):
-        raise ValueError(f"{len(row)} fields, not {len(GPU_FIELDS)}")
-    r = dict(zip(GPU_FIELDS, (c.strip() for c in row)))
-    out = {
-        "index": int(r["index"]), "uuid": r["uuid"], "name": r["name"],
-        "memory_mib": 0, "cc": _na(r["compute_cap"]),
-        "bus_id": r["pci.bus_id"], "mig": _na(r["mig.mode.current"]) or "N/A",
-        "persistence": r["persistence_mode"], "driver": _na(r["driver_version"]),
-    }
-    if _na(r["memory.total"]) is not None:
-        out["memory_mib"] = int(float(r["memory.total"]))
-    elif memtotal_kb:
+        raise Unreadable(f"nvidia-smi printed a row of {len(row)} fields, not {len(GPU_FIELDS)}, for {which}: "
+                         f"{shown(', '.join(row), 200)}; run nvidia-smi on the host")
+    r = {f: typed(f, v, f" of {which}") for f, v in zip(GPU_FIELDS, row)}
+    if r["index"] is None or r["uuid"] is None or r["name"] is None:
+        raise Unreadable(f"nvidia-smi printed no index, uuid or name for {which}: {shown(', '.join(row), 200)}; "
+                         "run nvidia-smi on the host")
+    out = {"index": r["index"], "uuid": r["uuid"], "name": r["name"], "memory_mib": r["memory.total"],
+           "cc": r["compute_cap"], "bus_id": r["pci.bus_id"], "mig": r["mig.mode.current"] or "N/A",
+           "persistence": r["persistence_mode"], "driver": r["driver_version"]}
+    if out["memory_mib"] is None:
+        if not UNIFIED.search(out["name"]):
+            raise Unreadable(f"nvidia-smi reports no memory.total ({row[3].strip()}) for {which} ({out['name']}), "
+                             "which is not a unified-memory board (GB10, Jetson Thor) that shares the system memory; "
+                             "run nvidia-smi -q -d MEMORY on the host")
+        if not memtotal_kb:
+            raise Unreadable(f"nvidia-smi reports no memory.total ({row[3].strip()}) for {which} ({out['name']}), "
+                             "as unified-memory boards do, and /proc/meminfo gave no MemTotal to size it by; "
+                             "check that /proc/meminfo is readable on the host")
         out["memory_mib"], out["unified"] = memtotal_kb // 1024, True
-    else:
-        raise Unreadable(f"nvidia-smi reports no memory.total ({r['memory.total']}) for GPU {out['index']} "
-                         f"({out['name']}), as unified-memory boards do, and /proc/meminfo gave no MemTotal to "
-                         "size it by; check that /proc/meminfo is readable on the host")
     return out
+
+
+def _csv_row(line: str) -> list[str]:
+    try:
+        return next(csv.reader([line], skipinitialspace=True), [])
+    except csv.Error:  # a NUL byte: no row nvidia-smi prints
+        return [line]
 
 
 def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
@@ -71,21 +71,20 @@ def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
     rest, kb = [], None
     for line in lines:
         if line.startswith(MEMTOTAL):
-            value = line[len(MEMTOTAL):].strip()
-            kb = int(value) if value.isdigit() and int(value) > 0 else None
+            kb = host_number(line[len(MEMTOTAL):], 1, 2**50)
         else:
             rest.append(line)
     return rest, kb
 
 
-class NvidiaGpus(StrictFact):
+class NvidiaGpus(Fact):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
     `smi` is False when nvidia-smi is not installed; `rc`/`error` carry its failure (rc 124:
-    it did not answer within SMI_TIMEOUT s). process() never raises: output it cannot read
-    ("[Unknown Error]" in a field) gives `error` and no GPUs; parse() raises Unreadable then,
-    and when the GPUs are listed without a driver version, so HostFacts refuses the host with
-    that sentence instead of judging a driver it does not know.
+    it did not answer within SMI_TIMEOUT s). Output it cannot read ("[Unknown Error]" in a
+    field, a row of another shape) is Unreadable naming the row, with `error` and no GPUs as its
+    value; so are GPUs listed without a driver version, so HostFacts refuses the host with that
+    sentence instead of judging a driver it does not know.
     """
 
     def command(self) -> str:
@@ -113,12 +112,9 @@ class NvidiaGpus(StrictFact):
             return {"smi": True, "rc": rc, "error": text or SMI_EXIT.get(rc, f"nvidia-smi exit {rc}"),
                     "driver": None, "gpus": []}
         try:
-            gpus = [_gpu_row(row, memtotal_kb) for row in csv.reader(lines, skipinitialspace=True)]
+            gpus = [_gpu_row(n, _csv_row(line), memtotal_kb, len(lines)) for n, line in enumerate(lines)]
         except Unreadable as exc:
             raise Unreadable(str(exc), {"smi": True, "rc": rc, "error": str(exc), "driver": None, "gpus": []}) from None
-        except ValueError:
-            sentence = f"nvidia-smi printed output nemofleet cannot read: {lines[0].strip()[:200]}"
-            raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []}) from None
         out = {"smi": True, "rc": 0, "error": None, "driver": gpus[0]["driver"] if gpus else None, "gpus": gpus}
         if gpus and not out["driver"]:
             raise Unreadable(f"nvidia-smi lists {len(gpus)} GPU(s) but reports no driver version "
@@ -127,7 +123,7 @@ class NvidiaGpus(StrictFact):
         return out
 
 
-class NvidiaCudaVersion(StrictFact):
+class NvidiaCudaVersion(Fact):
     """Highest CUDA version the driver supports, from `nvidia-smi -q -x` (no query field exists);
     None when nvidia-smi is absent or says N/A. parse() raises Unreadable on a timeout or a value
     that is not a version."""
@@ -143,13 +139,13 @@ class NvidiaCudaVersion(StrictFact):
         lines = [line.strip() for line in output if line.strip()]
         if "TIMEOUT" in lines:
             raise Unreadable(f"nvidia-smi -q -x did not answer within {SMI_TIMEOUT} s (hung driver?)")
-        value = _na(lines[0]) if lines else None
-        if value is not None and not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
-            raise Unreadable(f"nvidia-smi -q -x printed a CUDA version nemofleet cannot read: {value[:80]}")
+        value = lines[0] if lines and lines[0] not in NOT_REPORTED else None
+        if value is not None and not re.fullmatch(r"[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,3})?", value):
+            raise Unreadable(f"nvidia-smi -q -x printed a CUDA version nemofleet cannot read: {shown(value)}")
         return value
 
 
-class ContainerToolkit(StrictFact):
+class ContainerToolkit(Fact):
     """NVIDIA Container Toolkit: {"version", "hook", "runtime", "cdi_specs", "cdi_refresh"}."""
 
     def command(self) -> str:

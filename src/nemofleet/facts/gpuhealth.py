@@ -10,33 +10,18 @@ one sentence, which refuses that host only.
 
 from __future__ import annotations
 
-import csv
 import re
 
 
-from .gpu import SMI_TIMEOUT, TIMED_OUT, StrictFact, Unreadable  # noqa: F401
+from . import Fact
+from .gpu import SMI_TIMEOUT, TIMED_OUT, Unreadable, _csv_row  # noqa: F401
+from ..valuetypes import gpu_uuid_problem, host_number, host_time, shown
 
-from ..nvsmi import (  # noqa: F401
-    ACTIVE,
-    COUNTS,
-    HEALTH_FIELDS,
-    IDENTITY,
-    LOG_TIMEOUT,
-    LOST,
-    NOT_REPORTED,
-    RESETS_FILE,
-    SICK_GLOB,
-    SMI_HUNG,
-    TEXT,
-    XID_TAIL,
-    YES_NO,
-    _REFUSED,
-    _XID,
-    bus_key,
-    typed)
+from ..nvsmi import (  # noqa: F401  (HEALTH_FIELDS, bus_key, typed: the names its tests use)
+    HEALTH_FIELDS, LOG_TIMEOUT, LOST, RESETS_FILE, SICK_GLOB, SMI_HUNG, XID_BUS, XID_TAIL, _XID, bus_key, typed)
 
 
-class GpuHealth(StrictFact):
+class GpuHealth(Fact):
     """{"gpus": [{query field: typed value}], "refused_fields", "xids": [{"code", "bus_id", "uptime",
     "time", "text"}], "boot_time", "resets": {bus: unix time}, "fabric_manager": {"version", "active"},
     "drained": {uuid: {"since", "index", "reason"}} (GPUs the health script drained), "error"}.
@@ -84,11 +69,10 @@ class GpuHealth(StrictFact):
                 return out
             if line.startswith("REFUSED="):
                 out["refused_fields"].append(line[len("REFUSED="):].strip())
-            elif line.startswith("RC=") and line[3:].strip().isdigit():
-                rc = int(line[3:])
+            elif line.startswith("RC=") and host_number(line[3:], 0, 255) is not None:
+                rc = host_number(line[3:], 0, 255)
             elif line.startswith("BTIME="):
-                text = line[len("BTIME="):].strip()
-                out["boot_time"] = int(text) if text.isdigit() else None
+                out["boot_time"] = host_time(line[len("BTIME="):])
             elif line.startswith("FM_VERSION="):
                 out["fabric_manager"]["version"] = line[len("FM_VERSION="):].strip() or None
             elif line.startswith("FM_ACTIVE="):
@@ -126,18 +110,18 @@ class GpuHealth(StrictFact):
 def _rows(lines: list[str]) -> list[dict]:
     if not lines:
         return []
-    rows = list(csv.reader(lines, skipinitialspace=True))
-    header = [re.sub(r"\s*\[.*\]$", "", h.strip()) for h in rows[0]]
-    unknown = [h for h in header if h not in HEALTH_FIELDS]
-    if unknown or "index" not in header:
-        raise Unreadable(f"nvidia-smi printed a health query header nemofleet cannot read: {lines[0].strip()[:200]}")
+    header = [re.sub(r"\s*\[.*\]$", "", h.strip()) for h in _csv_row(lines[0])]
+    if [h for h in header if h not in HEALTH_FIELDS] or "index" not in header:
+        raise Unreadable(f"nvidia-smi printed a health query header nemofleet cannot read: {shown(lines[0], 200)}")
     gpus = []
-    for row in rows[1:]:
+    for n, line in enumerate(lines[1:]):
+        row = _csv_row(line)
+        index = host_number(row[header.index("index")], 0, 1023) if len(row) == len(header) else None
+        where = f" of GPU {index}" if index is not None else f" of health row {n + 1} of {len(lines) - 1}"
         if len(row) != len(header):
-            raise Unreadable(f"nvidia-smi printed a health row of {len(row)} fields, not {len(header)}: "
-                             f"{','.join(row)[:200]}")
+            raise Unreadable(f"nvidia-smi printed a health row of {len(row)} fields, not {len(header)}{where}: "
+                             f"{shown(line, 200)}")
         raw = dict(zip(header, (c.strip() for c in row)))
-        where = f" of GPU {raw.get('index', '?')}"
         gpu = {"lost": any(v == LOST for v in raw.values())}
         for name, value in raw.items():
             gpu[name] = None if value == LOST else typed(name, value, where)
@@ -154,26 +138,28 @@ def _recovery_from_q(q: list[str], gpus: list[dict]) -> None:
         if m:
             current = by_bus.get(bus_key(m.group(1)))
         elif "GPU Recovery Action" in line and current is not None:
-            current["gpu_recovery_action"] = typed("gpu_recovery_action", line.split(":", 1)[1])
+            current["gpu_recovery_action"] = typed("gpu_recovery_action", line.partition(":")[2])
 
 
 def _xid(text: str, out: dict) -> None:
     m = _XID.match(text.strip())
-    if m:  # a line of another shape is left out: the kernel log is free text
-        out["xids"].append({"code": int(m.group(3)), "bus_id": bus_key(m.group(2)), "uptime": float(m.group(1)),
+    code = host_number(m.group(3), 0, 10**6) if m else None
+    uptime = host_number(m.group(1), 0, 10**10, decimal=True) if m else None
+    if code is not None and uptime is not None:  # a line of another shape is left out: the kernel log is free text
+        out["xids"].append({"code": code, "bus_id": bus_key(m.group(2)), "uptime": uptime,
                             "time": None, "text": (m.group(4) or "").strip()[:160]})
 
 
 def _reset(text: str, out: dict) -> None:
     parts = text.split()
-    if len(parts) == 2 and re.fullmatch(r"\d{1,12}", parts[1]):  # a unix time; a file read back, bounded
-        key = bus_key(parts[0])
-        out["resets"][key] = max(int(parts[1]), out["resets"].get(key, 0))
+    key, when = (bus_key(parts[0]), host_time(parts[1])) if len(parts) == 2 else ("", None)
+    if when is not None and XID_BUS.fullmatch(key):  # "BUS UNIX_TIME": a file read back; another shape is left out
+        out["resets"][key] = max(when, out["resets"].get(key, 0))
 
 
 def _drained(text: str, out: dict) -> None:
     parts = text.split(None, 3)
-    # a file on the host read back: a line of another shape (or an absurd number) is left out
-    if len(parts) >= 3 and re.fullmatch(r"\d{1,12}", parts[1]) and re.fullmatch(r"\d{1,4}", parts[2]):
-        out["drained"][parts[0]] = {"since": int(parts[1]), "index": int(parts[2]),
-                                    "reason": parts[3].strip() if len(parts) > 3 else ""}
+    # "UUID SINCE INDEX REASON": a file on the host read back; a line of another shape is left out
+    since, index = (host_time(parts[1]), host_number(parts[2], 0, 1023)) if len(parts) >= 3 else (None, None)
+    if since is not None and index is not None and gpu_uuid_problem(parts[0]) is None:
+        out["drained"][parts[0]] = {"since": since, "index": index, "reason": parts[3].strip() if len(parts) > 3 else ""}

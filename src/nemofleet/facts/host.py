@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from .. import shell  # the one quoting boundary
 
-from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+from . import Fact
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
+from ..valuetypes import host_number
 from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
-from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus, Unreadable
+from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
 from .gpuhealth import SMI_HUNG, GpuHealth
 from . import engine, schema
 from .schema import part_problem
@@ -16,17 +19,17 @@ from .lock import DeployLock  # the lock's scripts: nemofleet.hostcmd
 from .weights import ModelsOnDisk
 
 
-class CgroupVersion(FactBase):
+class CgroupVersion(Fact):
     """1 or 2, from the filesystem type of /sys/fs/cgroup (cgroups(7): cgroup2fs is v2)."""
 
     command = "stat -fc %T /sys/fs/cgroup/ 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         kind = (output[0] if output else "").strip()
         return 2 if kind == "cgroup2fs" else 1 if kind == "tmpfs" else None
 
 
-class OsRelease(FactBase):
+class OsRelease(Fact):
     """/etc/os-release as a dict."""
 
     command = "cat /etc/os-release 2>/dev/null || true"
@@ -34,7 +37,7 @@ class OsRelease(FactBase):
     def default(self):
         return {}
 
-    def process(self, output):
+    def parse(self, output):
         out = {}
         for line in output:
             key, sep, value = line.partition("=")
@@ -46,7 +49,7 @@ class OsRelease(FactBase):
 DISK_TIMEOUT = 20  # seconds for df and the models listing on a (possibly network) filesystem
 
 
-class FreeDisk(FactBase):
+class FreeDisk(Fact):
     """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> str:
@@ -55,17 +58,16 @@ class FreeDisk(FactBase):
                   "df -PB1 \"$p\" | awk 'NR==2{print $4}'")
         return f"timeout {DISK_TIMEOUT} sh -c {shell.quote(script)} sh {shell.quote(path)}"
 
-    def process(self, output):
-        text = (output[0] if output else "").strip()
-        return int(text) if text.isdigit() else None
+    def parse(self, output):
+        return host_number(output[0], 0, 2**62)
 
 
-class Release(FactBase):
+class Release(Fact):
     """The release the host serves (/var/lib/nemofleet/release): {"id", "image", "model"} or None."""
 
     command = "cat /var/lib/nemofleet/release 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         out = {}
         for line in output:
             key, sep, value = line.partition("=")
@@ -74,16 +76,16 @@ class Release(FactBase):
         return out or None
 
 
-class GpuAccessRecord(FactBase):
+class GpuAccessRecord(Fact):
     """The signature of the GPU access setup that last passed the daemon-reload probe, or None."""
 
     command = "cat /var/lib/nemofleet/gpu-access 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         return "\n".join(output).strip() or None
 
 
-class RdmaDevices(FactBase):
+class RdmaDevices(Fact):
     """InfiniBand/RoCE adapters (/sys/class/infiniband): NCCL uses RDMA across hosts when there is
     one, TCP sockets otherwise (a serving group warns about the latter)."""
 
@@ -92,11 +94,11 @@ class RdmaDevices(FactBase):
     def default(self):
         return []
 
-    def process(self, output):
+    def parse(self, output):
         return sorted(w for line in output for w in line.split() if w)
 
 
-class HostFacts(FactBase):
+class HostFacts(Fact):
     """Everything preflight and the serving plan need, in one remote command.
 
     Each part is the command of the fact named in PARTS, so `pyinfra INV fact` on a single
@@ -146,16 +148,19 @@ class HostFacts(FactBase):
                 chunks.append(f"echo '{self.MARK}{key}'; ( {cmd} ) 2>/dev/null")
         return "; ".join(chunks) + "; true"
 
-    def process(self, output):
+    def parse(self, output):
         """{part: value, ..., "errors": {part: sentence}}. A part whose output cannot be read (or
         whose tool did not answer in time) never raises: it gets its fact's own value for that
         case (Unreadable.value) or its default, and one sentence in `errors`, so only this host
         is refused and the run goes on for the others."""
         sections: dict[str, list[str]] = {}
+        twice: set[str] = set()
         current = None
         for line in output:
             if line.startswith(self.MARK):
                 current = line[len(self.MARK):].strip()
+                if current in sections:  # a file or log line the host printed holds the marker
+                    twice.add(current)
                 sections[current] = []
             elif current is not None:
                 sections[current].append(line)
@@ -163,7 +168,11 @@ class HostFacts(FactBase):
         errors: dict[str, str] = {}
         read = sections.get(self.ENGINE) or []
         for key, fact, _ in self._parts(dict.fromkeys(self.ARGS, "")):
-            out[key], why = read_part(key, fact, engine.lines_for(fact, sections.get(key) or [], read))
+            if twice & {key, self.ENGINE if isinstance(fact, engine.EngineFact) else key}:
+                out[key], why = fact.default(), (f"the host printed the {key} part twice (a file or a log line there "
+                                                 f"holds nemofleet's marker {self.MARK}); nemofleet reads neither")
+            else:
+                out[key], why = read_part(key, fact, engine.lines_for(fact, sections.get(key) or [], read))
             if why:
                 errors[key] = why
         out["errors"] = errors
@@ -211,21 +220,13 @@ def facts_file_problem(host: str, facts) -> str | None:
     return None
 
 
-def read_part(key: str, fact: FactBase, lines: list[str]):
-    """(value, None) or (fallback value, sentence) for one HostFacts part."""
-    if not lines:
-        return fact.default(), None
-    strict = getattr(fact, "parse", fact.process)  # parse(): the variant that raises Unreadable
+def read_part(key: str, fact: Fact, lines: list[str]):
+    """(value, None) or (fallback value, sentence) for one HostFacts part: the fact's own reading
+    (Fact.read_output: never a traceback) and the part's declared type (facts/schema.py)."""
     try:
-        value = strict(lines)
-        why = part_problem(key, value)  # the part's declared type (facts/schema.py)
-        if why:
-            return fact.default(), f"the {key} check printed a value nemofleet cannot use: {why}"
-        return value, None
-    except Unreadable as exc:
-        return (exc.value if exc.value is not None else fact.default()), str(exc)
-    except Exception as exc:  # any other parse failure: this host only, never the whole run
-        first = next((ln.strip() for ln in lines if ln.strip()), "")[:200]
-        return fact.default(), (f"the {key} check printed output nemofleet cannot read ({type(exc).__name__}: "
-                                f"{exc}; first line: {first!r}); run `pyinfra HOST fact "
-                                f"nemofleet.facts.host.HostFacts` to see it")
+        value, why = fact.read_output(lines)
+    except FactProcessError as exc:
+        return fact.default(), str(exc)
+    if why is None and part_problem(key, value):
+        return fact.default(), f"the {key} check printed a value nemofleet cannot use: {part_problem(key, value)}"
+    return value, why

@@ -13,8 +13,7 @@ nemofleet.fleet.lock.
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase
-
+from . import Fact
 from .. import hostcmd as commands
 from .. import lockinfo
 from ..lockinfo import lock_refusal
@@ -22,19 +21,16 @@ from ..lockinfo import lock_refusal
 __all__ = ["DeployLock", "lock_refusal"]
 
 
-class DeployLock(FactBase):
+class DeployLock(Fact):
     """The lock's info {holder, token_sha256, since, expires, message, now} or None when free.
-    `now` is the host's clock, the one `expires` was written with."""
+    `now` is the host's clock, the one `expires` was written with; a time that is none is left
+    out (lockinfo.parse), so the part's type (factmodel.Lock) holds only what lockinfo can read."""
 
     command = commands.lock_status()  # always exits 0
 
-    def process(self, output):
+    def parse(self, output):
         out = lockinfo.parse(output)
         if out.get("state") != "HELD":
             return None
         info = lockinfo.holder_info(out) or {"holder": "unknown"}
-        if "now" in out:
-            info["now"] = out["now"]
-        # a time that is not a number of at most 12 digits is no time (lockinfo reads it as none):
-        # the part's type (factmodel.Lock) holds only what lockinfo can read
-        return {k: v for k, v in info.items() if k not in ("expires", "now") or isinstance(v, int)}
+        return {**info, "now": out["now"]} if "now" in out else info

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase
+from . import Fact
 
 
-class MachineId(FactBase):
+class MachineId(Fact):
     command = "cat /etc/machine-id 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         return "".join(output).strip() or None

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pyinfra.api import FactBase
+from . import Fact
 
 from .. import shell
 
 REACH_TIMEOUT = 3  # seconds: a reachable host answers a TCP SYN (accepted or refused) in well under this
 
 
-class TcpReach(FactBase):
+class TcpReach(Fact):
     """"open" (something listens), "refused" (the host answered: reachable, nothing listens yet) or
     "silent" (no answer within REACH_TIMEOUT s: a firewall drops it, or there is no route) for a
     TCP connection from this host to address:port. Uses bash's /dev/tcp (no nc needed)."""
@@ -21,6 +21,6 @@ class TcpReach(FactBase):
         return (f"if {probe} 2>/dev/null; then echo open; "
                 f"elif [ $? -eq 124 ]; then echo silent; else echo refused; fi")
 
-    def process(self, output):
+    def parse(self, output):
         word = (output[0] if output else "").strip()
         return word if word in ("open", "refused", "silent") else None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from .. import shell  # the one quoting boundary
 
-from pyinfra.api import FactBase
+from . import Fact
 
 
-class AptPackages(FactBase):
+class AptPackages(Fact):
     """{name: {"version": str or None, "held": bool}} for each package name."""
 
     def command(self, names: tuple[str, ...]) -> str:
@@ -18,7 +18,7 @@ class AptPackages(FactBase):
     def default(self):
         return {}
 
-    def process(self, output):
+    def parse(self, output):
         out: dict = {}
         for line in output:
             parts = line.split()

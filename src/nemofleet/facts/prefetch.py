@@ -20,8 +20,12 @@ import json
 
 from pyinfra import host as current_host
 from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+from . import Fact
 
 from . import engine
+from ..valuetypes import host_number
 
 MARK = "@@nemofleet-batch:"
 RC = "@@nemofleet-rc:"
@@ -39,7 +43,7 @@ def _cls(path: str) -> type[FactBase]:
     return getattr(importlib.import_module(module), name)
 
 
-class Batch(FactBase):
+class Batch(Fact):
     """Several facts in one command: `parts` is a tuple of (fact class path, kwargs as JSON)."""
 
     def command(self, parts: tuple = ()) -> str:
@@ -51,15 +55,18 @@ class Batch(FactBase):
             chunks.append(f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\"")
         return "; ".join(chunks) + "; true" if chunks else "true"
 
-    def process(self, output):
+    def parse(self, output):
         """{part index: its output lines}, for the parts whose command exited 0 (as pyinfra
         itself would process them); parsed by load(), where the classes are known."""
         sections: dict[int, list[str]] = {}
         ok: set[int] = set()
+        twice: set[int] = set()  # a part whose output holds a marker line: neither copy is read
         current = None
         for line in output:
             if line.startswith(MARK):
-                current = int(line[len(MARK):].strip())  # ENGINE is -1
+                current = host_number(line[len(MARK):], ENGINE, 10**6)
+                if current in sections:
+                    twice.add(current)
                 sections[current] = []
             elif line.startswith(RC) and current is not None:
                 if line[len(RC):].strip() == "0":
@@ -67,7 +74,7 @@ class Batch(FactBase):
                 current = None
             elif current is not None:
                 sections[current].append(line)
-        return {i: lines for i, lines in sections.items() if i in ok}
+        return {i: lines for i, lines in sections.items() if i in ok and i not in twice}
 
 
 def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
@@ -95,8 +102,8 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
         fact_ = cls()
         lines = engine.lines_for(fact_, lines, read)
         try:
-            cache[k] = fact_.process(lines) if lines else fact_.default()
-        except Exception:  # noqa: BLE001 - that operation reads the fact itself and says why
+            cache[k] = fact_.process(lines)
+        except FactProcessError:  # that operation reads the fact itself and fails the host with why
             continue
     return len(todo)
 

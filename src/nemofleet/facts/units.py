@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from .. import shell  # the one quoting boundary
 
-from pyinfra.api import FactBase
+from . import Fact
 
 from ..paths import UNIT_GLOB
 
 
-class UnitStates(FactBase):
+class UnitStates(Fact):
     """{"units": {unit: {"enabled": bool, "active": bool}}, "files": [installed nemofleet units]}."""
 
     def command(self, units: tuple[str, ...]) -> str:
@@ -21,7 +21,7 @@ class UnitStates(FactBase):
                 "u=; e=; a=;; esac; done; "
                 f"for f in {UNIT_GLOB}; do [ -e \"$f\" ] && echo \"file $(basename $f)\"; done; true")
 
-    def process(self, output):
+    def parse(self, output):
         out = {"units": {}, "files": []}
         for line in output:
             parts = line.split()

@@ -7,12 +7,13 @@ to unlink what it found truncated.
 
 from __future__ import annotations
 
-import json
+import re
 
-from pyinfra.api import FactBase
+from . import Fact
 
 from .. import paths, remote, shell
 from ..factmodel import weights_state
+from ..valuetypes import host_json, host_number, reads_host, shown
 
 MARKER = ".nemofleet-complete"
 # the check's text, for the benches that run it with their own python (bench/weights_recheck.py)
@@ -32,25 +33,25 @@ def check_command(directory: str, revision: str, mode: str) -> str:
     return shell.join(["timeout", CHECK_TIMEOUT[mode], *remote.argv("weights_check", directory, revision, mode)])
 
 
-class WeightsStatus(FactBase):
+class WeightsStatus(Fact):
     """Completeness of one model directory for one revision (remote/weights_check.py)."""
 
     def command(self, directory: str, revision: str, full: bool = False) -> str:
         return check_command(directory, revision, "full" if full else "check") + " 2>/dev/null || true"
 
-    def process(self, output):
+    def parse(self, output):
         # typed here: an answer that is not the check's (not JSON, a field of another type, a
         # file name outside the directory) is no answer, and the operation fetches and verifies
         for line in reversed(output):
             if line.startswith("{"):
                 try:
-                    return weights_state(json.loads(line))
-                except (ValueError, RecursionError):
+                    return weights_state(host_json(line))
+                except ValueError:
                     return None
         return None
 
 
-class ModelsOnDisk(FactBase):
+class ModelsOnDisk(Fact):
     """Per model directory under `root`: the index total_size and the config fields the plan uses
     (remote/models_on_disk.py)."""
 
@@ -63,9 +64,9 @@ class ModelsOnDisk(FactBase):
     def default(self):
         return {}
 
-    def process(self, output):
+    def parse(self, output):
         try:
-            return json.loads("\n".join(output))
+            return host_json("\n".join(output))
         except ValueError:
             return {}
 
@@ -84,7 +85,7 @@ def status_from_models(root: str, name: str, meta: dict) -> tuple[dict, dict] | 
              "total_size": ok.get("total_size")})
 
 
-class HubCommit(FactBase):
+class HubCommit(Fact):
     """The 40-hex commit a branch or tag names on the Hub (or its mirror), asked from the host
     (the host, not the controller, reaches the mirror): {"sha"} or {"error": sentence}.
     Only read when a revision is not pinned to a commit; bounded to 20 s. The program is
@@ -95,17 +96,23 @@ class HubCommit(FactBase):
         return (shell.join(["timeout", 20, *remote.argv("hub", "commit", endpoint, repo, revision, paths.HF_ENV)])
                 + " 2>/dev/null || echo '{\"error\": \"the Hub query did not finish within 20 s\"}'")
 
-    def process(self, output):
+    def default(self):  # no output at all (pyinfra's value for it too)
+        return {"error": "no answer from the Hub query"}
+
+    def parse(self, output):
         for line in reversed(output):
             try:
-                out = json.loads(line)
+                out = host_json(line)
             except ValueError:
                 continue
-            sha = out.get("sha")
-            if isinstance(sha, str) and len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
+            out = out if isinstance(out, dict) else {}
+            sha, why = out.get("sha"), out.get("error")
+            if isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{40}", sha):
                 return {"sha": sha}
-            return {"error": str(out.get("error") or f"unexpected answer {line[:80]!r}")}
-        return {"error": "no answer from the Hub query"}
+            if isinstance(why, str) and why and why.isprintable():
+                return {"error": why[:300]}
+            return {"error": f"unexpected answer {shown(line, 80)}"}
+        return self.default()
 
 
 HUB_COMMIT_MARK = "hub_commit "
@@ -118,13 +125,15 @@ def hub_commits_script(items) -> str:
     return "".join(f"echo {HUB_COMMIT_MARK}{k}\n{HubCommit().command(*item)}\n" for k, item in enumerate(items))
 
 
+@reads_host(lambda why, items, lines: {tuple(item): {"error": why} for item in items})
 def parse_hub_commits(items, lines) -> dict:
     """{(endpoint, repo, revision): {"sha"} | {"error"}} from the output of hub_commits_script(items)."""
     answers: dict = {}
     current = None
     for line in lines:
-        if line.startswith(HUB_COMMIT_MARK) and line[len(HUB_COMMIT_MARK):].isdigit():
-            current = int(line[len(HUB_COMMIT_MARK):])
+        k = host_number(line[len(HUB_COMMIT_MARK):], 0, len(items) - 1) if line.startswith(HUB_COMMIT_MARK) else None
+        if k is not None:
+            current = k
             answers[current] = []
         elif current is not None:
             answers[current].append(line)

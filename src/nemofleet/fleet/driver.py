@@ -14,6 +14,7 @@ import json
 import os
 import re
 from .. import shell  # the one quoting boundary
+from ..valuetypes import host_number
 import socket
 import subprocess
 import sys
@@ -138,7 +139,8 @@ def exec_all(inventory: str, hosts: list[str], script: str, timeout: float = 120
             continue
         lines = _host_lines(r.out, h)
         marks = [ln for ln in lines if ln.startswith(RC_MARK)]
-        rc = int(marks[-1][len(RC_MARK):]) if marks else (TIMEOUT_RC if r.timed_out else 1)
+        rc = host_number(marks[-1][len(RC_MARK):], 0, 255) if marks else (TIMEOUT_RC if r.timed_out else 1)
+        rc = 1 if rc is None else rc  # a mark that is no exit status: the snippet's own output forged it
         out[h] = Exec(h, rc, "\n".join(ln for ln in lines if not ln.startswith(RC_MARK)))
     return out
 

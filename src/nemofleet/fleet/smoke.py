@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from .. import paths, remote, shell
+from ..valuetypes import host_json, host_number, is_int, reads_host, shown
 
 DEFAULT_PROMPT = "What is 17*23? Answer in one sentence."
 DEFAULT_MAX_TOKENS = 512
@@ -65,6 +66,7 @@ def script(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
     return f"{shell.join(argv)} <<'{BODY_END}'\n{body(prompt, max_tokens)}\n{BODY_END}\n"
 
 
+@reads_host(lambda why, host, *_, **__: Answer(host, False, error=why))
 def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
     """The Answer of one host from its output (the script's, through pyinfra)."""
     if not reachable:
@@ -81,14 +83,15 @@ def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
     if kind == "error":
         return Answer(host, False, error=rest)
     body = "\n".join(lines[:i]).strip()
-    m = re.fullmatch(r"(\d{3}) ([0-9.]+) (.*)", rest)
-    if kind != "http" or not m:
-        return Answer(host, False, error=f"unexpected marker line {lines[i][:200]!r}")
-    code, seconds, via = int(m.group(1)), float(m.group(2)), m.group(3)
+    m = re.fullmatch(r"(\S+) (\S+) (.*)", rest)
+    code, seconds = (host_number(m.group(1), 0, 999), host_number(m.group(2), 0, 86400, decimal=True)) if m else (None, None)
+    if kind != "http" or code is None or seconds is None:
+        return Answer(host, False, error=f"unexpected marker line {shown(lines[i], 200)}")
+    via = m.group(3)
     if code == 0:  # no HTTP answer (refused, timed out): the reason is the body
         return Answer(host, False, via=via, error=f"no HTTP answer from {via}: {' '.join(body.split())[:200]}")
     try:
-        doc = json.loads(body)
+        doc = host_json(body)
     except ValueError:
         doc = None
     if code != 200:
@@ -109,11 +112,12 @@ def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     completion_tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     a = Answer(host, True, via=via, seconds=seconds,
-               prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
-               completion_tokens=completion_tokens if isinstance(completion_tokens, int) else None)
+               prompt_tokens=prompt_tokens if is_int(prompt_tokens) else None,
+               completion_tokens=completion_tokens if is_int(completion_tokens) else None)
     if not isinstance(content, str) or not content.strip():
         finish = choice.get("finish_reason") if isinstance(choice, dict) else None
         a.ok = False
+        finish = finish if isinstance(finish, str) and finish.isprintable() and len(finish) < 40 else shown(finish)
         a.error = (f"the answer from {via} has no content (finish_reason {finish}): "
                    + ("the reasoning used every token; raise --max-tokens" if finish == "length" else "see the server log"))
         return a

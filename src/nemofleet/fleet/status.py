@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from .. import hostcmd as commands
 from .. import inputs, render
 from ..spec import to_resolve
+from ..valuetypes import host_number, host_time, reads_host
 from . import driver
 
-_UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} (\d)')
-_LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\d+)')
+_UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} ([01])$')
+_LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\S+)')
 # the load figures the health script reads from each instance's /metrics (docs/monitoring.md)
 _LOAD = re.compile(r'nemofleet_vllm_(num_requests_running|num_requests_waiting|kv_cache_usage_ratio)'
                    r'\{instance="([^"]+)"\} (\S+)')
@@ -51,6 +52,7 @@ class HostStatus:
         return f"DRIFT: {what} (release {self.release} -> {self.planned})"
 
 
+@reads_host(lambda why, lines: {})
 def _record(lines: list[str]) -> dict:
     """`release key=value` lines (the release record as the status script prints it) -> {key: value}."""
     out = {}
@@ -62,6 +64,7 @@ def _record(lines: list[str]) -> dict:
     return out
 
 
+@reads_host(lambda why, lines: [f"last canary gate: {why}"])
 def canary_line(lines: list[str]) -> list[str]:
     """`canary <time> <operator> canary <verdict and figures>` (the last canary verdict a rollout
     wrote in the host's audit log, as remote/host_status.py prints it) -> the status line, if any."""
@@ -82,11 +85,8 @@ def _script_for(sp) -> tuple[str, list[str]]:
 
 
 def _figure(text: str | None, fmt: str) -> str:
-    try:
-        value = float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return "-"
-    return "-" if value != value else format(value, fmt)  # NaN is no figure either
+    value = host_number(text, 0, 2**53, decimal=True)  # NaN, inf, 1e309: no figure either
+    return "-" if value is None else format(value, fmt)
 
 
 def load_text(figures: dict[str, str]) -> str:
@@ -98,10 +98,11 @@ def load_text(figures: dict[str, str]) -> str:
     return f"running {run:>3} waiting {wait:>3} KV {kv:>6}"
 
 
+@reads_host(lambda why, lines, now: [f"units: {why}"])
 def unit_lines(lines: list[str], now: float) -> list[str]:
     """`unit NAME STATE Description` lines and the prom metrics -> one line per instance."""
     ups = {m.group(1): m.group(2) for m in map(_UP.search, lines) if m}
-    last = {m.group(1): int(m.group(2)) for m in map(_LAST.search, lines) if m}
+    last = {m.group(1): host_time(m.group(2)) for m in map(_LAST.search, lines) if m}
     load: dict[str, dict[str, str]] = {}
     for m in filter(None, map(_LOAD.search, lines)):
         load.setdefault(m.group(2), {})[m.group(1)] = m.group(3)
@@ -110,6 +111,8 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
         if not ln.startswith("unit "):
             continue
         parts = ln.split(" ", 3)
+        if len(parts) < 3:
+            continue  # not a line of the listing ("unit NAME" without a state)
         unit, state = parts[1], parts[2]
         what = parts[3] if len(parts) > 3 else ""
         name = unit.removeprefix("nemofleet-vllm-").removesuffix(".service")
@@ -121,13 +124,15 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
     return out
 
 
+@reads_host(lambda why, lines: [f"GPUs: {why}"])
 def gpu_lines(lines: list[str]) -> list[str]:
     """`gpusick UUID SINCE INDEX REASON` (a GPU the health script drained) -> one line each."""
     out = []
     for ln in lines:
         parts = ln.split(None, 4)
-        if len(parts) >= 4 and parts[0] == "gpusick" and parts[2].isdigit():
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(parts[2])))
+        since = host_time(parts[2]) if len(parts) >= 4 and parts[0] == "gpusick" else None
+        if since is not None:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
             why = parts[4] if len(parts) > 4 else "(no reason recorded)"
             out.append(f"GPU {parts[3]} ({parts[1]}) SICK since {since}, its instances out of the front door: {why}")
     return out
