@@ -9,13 +9,11 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from nemofleet import remote
 
-HUB = Path(remote.__file__).parent / "hub.py"
 TOKEN = "hf_s3cr3tTOKENvalue"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 REPO = "org/model"
@@ -75,7 +73,8 @@ def token_file(tmp_path):
 
 
 def hub(*args):
-    r = subprocess.run([sys.executable, "-I", "-S", str(HUB), *map(str, args)], capture_output=True, text=True,
+    """The program as the host runs it (remote.argv: the prelude, then hub.py)."""
+    r = subprocess.run([sys.executable, *remote.argv("hub", *args)[1:]], capture_output=True, text=True,
                        timeout=60, env={"PATH": os.environ["PATH"]})
     assert "Traceback" not in r.stderr and TOKEN not in r.stdout + r.stderr, r.stdout + r.stderr
     return r

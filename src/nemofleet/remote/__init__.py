@@ -1,9 +1,8 @@
 """Programs that run on the hosts, one real file each (standard library only).
 
-Each file here is a whole program: `python3 -I -S <file> ARGS` runs it, and so does
-`python3 -I -S -c <its text> ARGS`, which is how nemofleet sends it (`argv`). The text travels
-in the command itself because facts run before anything is uploaded, and a converged host's
-no-op must stay at its two remote commands (README.md, Speed): sending the program costs no
+Each file here is a program, sent as `python3 -I -S -c <its text> ARGS` (`argv`). The text
+travels in the command itself because facts run before anything is uploaded, and a converged
+host's no-op must stay at its two remote commands (README.md, Speed): sending the program costs no
 extra round trip, uploading it would. Every value a program needs reaches it as an argument
 (or from a file it reads on the host, e.g. the 0600 token file); no value is ever formatted
 into a program's source, and the shell line is built by shell.join.
@@ -11,6 +10,20 @@ into a program's source, and the shell line is built by shell.join.
 -I: no PYTHON* variables and no user site; -S: no site module (a third of a python start's CPU
 on every converged host's no-op; README.md, Speed). The programs import only the standard
 library and never each other (each one is sent alone).
+
+The prelude. What every program must do the same way with what the host holds -- open a file
+without following a link and without waiting on a FIFO, replace a file by a temporary one and a
+rename, remove a tree without following its links -- is written once, in _prelude.py, and
+`source` sends it before each program's text (after a `#!` line, which stays first: the health
+program is installed as a file). A shared module cannot be imported (nothing is uploaded), and a
+copy in each program is how the programs came to differ (lock read its info with O_NOFOLLOW and
+O_NONBLOCK, weights_check without O_NOFOLLOW, release and smoke with a plain open that waits on a
+FIFO). What a program runs is therefore `source(name)`, not the file alone: the tests run that
+text, as the hosts do. The prelude imports only os, stat and time, which a bare `import os` loads
+anyway (json is imported where it is used), and costs about a millisecond of compile per start.
+Two programs use none of it and are sent without it (BARE): engine_read, which reads no file and
+runs twice on every converged no-op, and gpu_return, which only unlinks plain names in the health
+state directory (unlink never follows a link) and runs bounded commands.
 """
 
 from __future__ import annotations
@@ -19,12 +32,25 @@ from functools import lru_cache
 from importlib import resources
 
 PYTHON = ("python3", "-I", "-S", "-c")
+BARE = frozenset({"engine_read", "gpu_return"})
+
+
+def _text(name: str) -> str:
+    return resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The text of the program `name` (a file of this package, e.g. "weights_check")."""
-    return resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+    """The text of the program `name` (a file of this package, e.g. "weights_check"), the prelude
+    before it unless it is BARE."""
+    text = _text(name)
+    if name in BARE:
+        return text
+    prelude = _text("_prelude")
+    if text.startswith("#!"):
+        shebang, text = text.split("\n", 1)
+        return f"{shebang}\n{prelude}{text}"
+    return prelude + text
 
 
 def argv(name: str, *args) -> list[str]:

@@ -20,7 +20,6 @@ one ends in a sentence, never a traceback, and never in a fetch of the weights.
 import json
 import os
 import shutil
-import stat
 import sys
 import urllib.error
 import urllib.parse
@@ -79,18 +78,9 @@ def read_token(token_file):
     """The HF_TOKEN of the env file, or None when there is no file (or it sets none)."""
     if not token_file or not os.path.lexists(token_file):
         return None
-    try:
-        fd = os.open(token_file, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise Refused("the token file %s is unreadable (%s)" % (token_file, exc.strerror or exc))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refused("the token file %s is not a regular file" % token_file)
-        data = os.read(fd, 1 << 16)
-    except OSError as exc:
-        raise Refused("the token file %s is unreadable (%s)" % (token_file, exc.strerror or exc))
-    finally:
-        os.close(fd)
+    data = read_file(token_file, 1 << 16)
+    if data is None:
+        raise Refused("the token file %s is not a regular file (or is unreadable)" % token_file)
     token = None
     for line in data.decode("utf-8", "replace").splitlines():
         if line.startswith("HF_TOKEN="):

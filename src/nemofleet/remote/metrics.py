@@ -12,7 +12,6 @@ printed or put on a command line. An instance that does not answer within TIMEOU
 `@@instance` line and nothing else. Standard library only; always exits 0.
 """
 
-import json
 import re
 import subprocess
 import sys
@@ -34,19 +33,11 @@ def gpu_name():
 def main(argv):
     config, auth_path, timeout = argv[1], argv[2], float(argv[3])
     print(f"@@gpu {gpu_name()}")
-    try:
-        with open(config, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError):
-        return  # not deployed (yet): no instance
+    cfg = read_json(config)  # None: not deployed (yet), no instance
     headers = {}
-    try:
-        with open(auth_path, encoding="utf-8") as f:
-            name, sep, value = f.read(4096).strip().partition(":")
-        if sep and "\n" not in value:
-            headers[name.strip()] = value.strip()
-    except OSError:
-        pass
+    name, sep, value = (read_file(auth_path, 4096) or b"").decode("utf-8", "replace").strip().partition(":")
+    if sep and "\n" not in value:
+        headers[name.strip()] = value.strip()
     address = cfg.get("address") if isinstance(cfg, dict) else None
     if not isinstance(address, str) or not re.fullmatch(r"[0-9A-Fa-f.:\[\]]{2,60}", address):
         return

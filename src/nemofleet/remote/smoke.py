@@ -8,7 +8,8 @@ written by the deploy: each instance's port and served name, the address its por
 on, this host's part of a serving group). The request goes to the front door when the host has one
 (HAProxy's `frontend front_door`, bound on 127.0.0.1 in FRONT_DOOR_CFG), else to the first instance
 with an API. The API key is read from AUTH_HEADER (0600, the whole `Authorization: Bearer ...`
-line) and is never printed or put on a command line.
+line) and is never printed or put on a command line. A file that is a link, a FIFO or no regular
+file is not read (an error line).
 
 Prints the answer's body, then one marker line: `MARK http CODE SECONDS VIA` (CODE 000 when no HTTP
 answer came, with the reason as the body), `MARK error SENTENCE` or `MARK skip SENTENCE`
@@ -16,6 +17,7 @@ answer came, with the reason as the body), `MARK error SENTENCE` or `MARK skip S
 """
 
 import json
+import os
 import re
 import sys
 import time
@@ -37,11 +39,7 @@ def first_instance(cfg):
 
 def front_door_port(path):
     """The port of HAProxy's front_door frontend on 127.0.0.1, or None."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return None
+    text = (read_file(path, 1 << 20) or b"").decode("utf-8", "replace")
     if not re.search(r"^frontend front_door$", text, re.M):
         return None
     m = re.search(r"^ *bind 127\.0\.0\.1:([0-9]{1,5})$", text, re.M)
@@ -50,23 +48,18 @@ def front_door_port(path):
 
 def main(argv):
     mark, config, auth_path, front_cfg, timeout = argv[1:6]
-    try:
-        with open(auth_path, encoding="utf-8") as f:
-            auth = f.read(4096).strip()
-    except OSError:
-        return say(mark, "error", f"it has no API key file {auth_path}: deploy it first")
+    auth = read_file(auth_path, 4096)
+    if auth is None:
+        return say(mark, "error", f"its API key file {auth_path} is not a regular file: deploy it again"
+                   if os.path.lexists(auth_path) else f"it has no API key file {auth_path}: deploy it first")
+    auth = auth.decode("utf-8", "replace").strip()
     name, sep, value = auth.partition(":")
     if not sep or name.strip().lower() != "authorization" or "\n" in auth:
         return say(mark, "error", f"its API key file {auth_path} is not one Authorization header line")
-    try:
-        with open(config, encoding="utf-8") as f:
-            cfg = json.load(f)
-        if not isinstance(cfg, dict):
-            raise ValueError("not an object")
-    except OSError:
-        return say(mark, "error", f"it has no {config}: deploy it first")
-    except ValueError:
-        return say(mark, "error", f"its {config} is not JSON: deploy it again")
+    cfg = read_json(config, 1 << 20)
+    if not isinstance(cfg, dict):
+        return say(mark, "error", f"its {config} is not JSON (or no regular file): deploy it again"
+                   if os.path.lexists(config) else f"it has no {config}: deploy it first")
     first = first_instance(cfg)
     if first is None:
         group = cfg.get("group")
