@@ -39,7 +39,7 @@ def outside(tmp_path, name="precious", text="keep me"):
 def test_every_program_but_the_bare_ones_is_sent_after_the_prelude_and_defines_none_of_its_names():
     """One text of the rules: a program that defined a name of the prelude would silently replace
     it for itself (they share one namespace); every prelude name a program uses is in what it is
-    sent."""
+    sent (the deadline and HTTP part goes only to the programs that call http_request)."""
     def top_names(text):
         names = set()
         for node in ast.parse(text).body:
@@ -50,7 +50,8 @@ def test_every_program_but_the_bare_ones_is_sent_after_the_prelude_and_defines_n
         return names
 
     ours = top_names(PRELUDE)
-    assert {"open_regular", "read_file", "write_file", "remove_tree"} <= ours
+    files_part = PRELUDE[:PRELUDE.index(remote.HTTP_PART)]
+    assert {"open_regular", "read_file", "write_file", "remove_tree", "deadline", "http_request"} <= ours
     for name in PROGRAMS:
         text = (REMOTE / f"{name}.py").read_text()
         assert not top_names(text) & ours, (name, top_names(text) & ours)
@@ -59,10 +60,21 @@ def test_every_program_but_the_bare_ones_is_sent_after_the_prelude_and_defines_n
         if name in remote.BARE:
             assert sent == text
             continue
-        assert PRELUDE in sent and sent.endswith(text.split("\n", 1)[1])
+        assert files_part in sent and sent.endswith(text.split("\n", 1)[1])
+        assert (PRELUDE in sent) == ("http_request(" in text)
         used = {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)} & ours
         assert used and used <= top_names(sent[:sent.index("# ---- the program\n")]), (name, used)
     assert remote.BARE == {"engine_read", "gpu_return"}
+
+
+def test_only_the_prelude_speaks_http():
+    """One rule for every program that speaks HTTP: no program builds its own urllib opener or
+    http.client connection (engine_read speaks HTTP/1.0 to dockerd's unix socket, without the prelude)."""
+    for name in PROGRAMS:
+        for node in ast.walk(ast.parse((REMOTE / f"{name}.py").read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) else []
+            assert not [m for m in mods if m.split(".")[0] in ("http", "ssl") or m == "urllib.request"], name
 
 
 def prelude(tmp_path, code):
@@ -334,7 +346,7 @@ def test_health_reads_no_fifo_and_writes_through_no_link(tmp_path):
     assert r.returncode == 1 and "cannot read its config" in r.stdout
 
 
-def smoke_on_host(tmp_path, files: dict):
+def smoke_on_host(tmp_path, files: dict, port=1, deadline=None):
     """remote/smoke.py as `nemofleet smoke` sends it, its three files made by `files` (name ->
     "fifo", "absent" or text) in tmp_path."""
     from nemofleet import paths
@@ -343,6 +355,8 @@ def smoke_on_host(tmp_path, files: dict):
     text = smoke.script("hi")
     for p in (paths.API_AUTH, paths.HEALTH_CONFIG, paths.FRONT_DOOR_CFG):
         text = text.replace(p, str(tmp_path / Path(p).name))
+    if deadline:
+        text = text.replace(f" {smoke.CURL_MAX_TIME} <<", f" {deadline} <<")
     for name, what in files.items():
         if what == "fifo":
             os.mkfifo(tmp_path / name)
@@ -372,7 +386,7 @@ def test_metrics_answers_at_once_where_its_files_are_fifos(tmp_path):
     from nemofleet import shell
     os.mkfifo(tmp_path / "health.json")
     os.mkfifo(tmp_path / "auth")
-    line = shell.join(remote.argv("metrics", tmp_path / "health.json", tmp_path / "auth", 5))
+    line = shell.join(remote.argv("metrics", tmp_path / "health.json", tmp_path / "auth", 5, 10))
     t0 = time.monotonic()
     r = subprocess.run(["sh", "-c", line.replace("python3 ", shlex.quote(sys.executable) + " ", 1)],
                        capture_output=True, text=True, timeout=30)

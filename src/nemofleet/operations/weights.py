@@ -22,11 +22,16 @@ SEED_KNOWN_HOSTS = paths.SEED_KNOWN_HOSTS
 # Runs on the host before any byte is fetched (remote/hub.py `precheck`): is the mirror up, does
 # repo@revision exist, is there disk for what is still missing? One sentence and exit 1 otherwise.
 # The token is read from its 0600 file, never passed on a command line, and never follows a
-# redirect to another host.
+# redirect to another host. Two questions to the mirror: the program's own deadline is
+# PRECHECK_TIMEOUT - 15 s (it then says which mirror did not answer), `timeout` the bound behind it.
+PRECHECK_TIMEOUT = 60
+
+
 def precheck_command(directory: str, repo: str, revision: str, endpoint: str | None, token_file: str | None,
                      present_bytes: int) -> str:
-    return shell.join(remote.argv("hub", "precheck", directory, repo, revision, endpoint or "https://huggingface.co",
-                                  token_file or "", int(present_bytes)))
+    return shell.join(["timeout", PRECHECK_TIMEOUT,
+                       *remote.argv("hub", "precheck", directory, repo, revision, endpoint or "https://huggingface.co",
+                                    token_file or "", int(present_bytes), PRECHECK_TIMEOUT - 15)])
 
 
 # A download has no total bound (232 GB on a slow mirror is hours): it is stopped when its directory

@@ -1,7 +1,9 @@
 # nemofleet's host prelude (remote/_prelude.py): remote.source() sends it before a program's own
-# text, which follows below it (remote/__init__.py says why one prelude). The host's files are input
-# that may be hostile: a link a peer's seed copy planted, a FIFO where a file should be. These are
-# the only ways in which the programs read, write and remove them.
+# text, which follows below it (its second part only to a program that speaks HTTP; remote/__init__.py
+# says why one prelude). The host's files and the servers a program asks are input that may be
+# hostile: a link a peer's seed copy planted, a FIFO where a file should be, a server that redirects
+# elsewhere or trickles a byte at a time. These are the only ways in which the programs read, write
+# and remove such files and speak HTTP.
 import os
 import stat
 import time
@@ -163,5 +165,90 @@ def remove_tree(path, dir_fd=None):
     except (OSError, ValueError, RecursionError):
         pass
 
+
+# ---- the run's deadline and HTTP (remote.source sends this part to the programs that call http_request)
+
+# The run's deadline: deadline(seconds) arms an alarm that interrupts whatever waits when it comes
+# (TimeoutError, an OSError: a server trickling a byte a second keeps no read going past it), and
+# each socket's timeout is the time left. A per-read timeout alone bounds nothing.
+END = None
+
+
+def _expired(*_):
+    raise TimeoutError("the deadline passed")
+
+
+def _alarm(end):
+    import _signal
+    _signal.signal(_signal.SIGALRM, _expired)
+    _signal.setitimer(_signal.ITIMER_REAL, max(0.0, end - time.monotonic()))  # 0: none (passed)
+
+
+def deadline(seconds):
+    """The run ends within `seconds` from now (TimeoutError where it waits then)."""
+    global END
+    END = time.monotonic() + seconds
+    _alarm(END)
+
+
+def time_left(end=None):
+    """Seconds left before `end` (the run's deadline by default); TimeoutError once it passed."""
+    left = (end or END) - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+def _origin(url):
+    import urllib.parse
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port that is not a number
+        port = None
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+def http_request(url, headers=None, data=None, limit=1 << 20, hops=0, seconds=None):
+    """(status, body, headers) of one HTTP(S) request, within the run's deadline (and within
+    `seconds` of now, when given). The one rule of every program that speaks HTTP: http and https
+    only; at most `hops` redirects followed (an instance's answer is its own: 0), each to http(s)
+    only, and `Authorization` dropped for good once one leaves the origin (scheme, host, port), as
+    `requests` does; a redirect not followed is the answer (its 3xx); a body over `limit` bytes is
+    no answer (ValueError). OSError when no answer came (refused, unreachable, the deadline)."""
+    import urllib.error
+    import urllib.request
+
+    class Redirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, hdrs, newurl):
+            n = getattr(req, "hops", 0) + 1
+            if n > hops or _origin(newurl)[0] not in ("http", "https"):
+                return None
+            new = super().redirect_request(req, fp, code, msg, hdrs, newurl)
+            if new is not None:
+                new.hops = n
+                if _origin(newurl) != _origin(req.full_url):  # each hop copies the one before
+                    for name in [k for k in new.headers if k.lower() == "authorization"]:
+                        del new.headers[name]
+            return new
+
+    if _origin(url)[0] not in ("http", "https"):
+        raise ValueError("not an http(s) URL")
+    end = END if seconds is None else min(END, time.monotonic() + seconds)
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    timeout = time_left(end)
+    _alarm(end)
+    try:
+        try:
+            answer = urllib.request.build_opener(Redirect).open(req, timeout=timeout)
+        except urllib.error.HTTPError as exc:  # 4xx, 5xx, a redirect not followed
+            answer = exc
+        with answer:
+            status, got, body = answer.status, answer.headers, answer.read(limit + 1)
+    finally:
+        _alarm(END)
+    if len(body) > limit:
+        raise ValueError("an answer over %d bytes" % limit)
+    return status, body, got
 
 # ---- the program

@@ -22,8 +22,8 @@ log's Xid lines; a GPU that turns sick takes its instance(s) out of the front do
 flight finish), never restarted, one log line, the webhook once; it returns at the next deploy,
 or after GPU_RETURN_AFTER healthy checks in a row (0, the default: only at a deploy).
 Its files (config, conf, state, the textfile) are read and written by the prelude's rules (a link
-or a FIFO is not read, a file is replaced by a temporary one and a rename). Exit 0 when every
-instance is healthy, 1 otherwise.
+or a FIFO is not read, a file is replaced by a temporary one and a rename) and its HTTP by the
+prelude's rule as curl options (Health.curl). Exit 0 when every instance is healthy, 1 otherwise.
 """
 
 import csv
@@ -88,9 +88,12 @@ class Health:
 
     def curl(self, args, timeout, auth=False, stdin=None):
         """curl with the API key's header read from its 0600 file (-H @file: never on argv; a link
-        or a FIFO there is not handed to curl, which would follow or wait on it)."""
+        or a FIFO there is not read). The prelude's HTTP rule, as curl's options: http(s) only, a
+        bounded body, each call's whole time bounded (--max-time in args), and no redirect
+        followed (no -L): an instance's answer is its own, and the key goes nowhere else."""
         head = ["-H", "@" + self.auth] if auth and self.auth and file_size(self.auth) is not None else []
-        return self.run(["curl", *head, *args], timeout, stdin)
+        return self.run(["curl", "--proto", "=http,https", "--max-filesize", str(16 << 20), *head, *args],
+                        timeout, stdin)
 
     def drain_script(self):
         return self.drain if self.drain and os.access(self.drain, os.X_OK) else None
