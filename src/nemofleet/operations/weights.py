@@ -76,8 +76,16 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     src = f"{seed.get('user', 'root')}@{seed_host}:{rel}/"
     # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
     bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
-    # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-    copy = (f"rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
+    # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound).
+    # -rt, not -a: regular files, directories and times only. The peer may be compromised, and what
+    # it sends lands as root in a directory that vLLM and the weights check read: a link (-l) could
+    # point anywhere (the checks never follow one, but nothing else should meet one either), a
+    # device or FIFO (-D) is no weight, and owners and modes (-o -g -p) would carry a setuid bit. A
+    # weights directory needs none of them: `hf download --local-dir` writes regular files (its
+    # .cache/huggingface holds metadata files, no links), and the link_from copy hard-links on this
+    # host. rsync skips what it does not copy ("skipping non-regular file"), and a link left at the
+    # destination is never followed into (a directory the peer sends replaces it).
+    copy = (f"rsync -rt --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
             f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}")
     seeded = shell.say(f"seeded {directory} from {seed_host}", err=False)
     failed = shell.say(f"seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror")
