@@ -232,3 +232,33 @@ def test_the_controllers_bounds_stay_above_each_programs_deadline():
     w, d = last_arg(smoke.script("hi").split(f" <<'{smoke.BODY_END}'")[0], "smoke")
     assert d == smoke.CURL_MAX_TIME  # exec_all's timeout is CURL_MAX_TIME + 60 (fleet/smoke.run)
     assert engine.ENGINE_TIMEOUT < engine.PROCESS_TIMEOUT
+
+
+def test_engine_read_ends_by_its_deadline_against_a_trickling_socket(tmp_path):
+    """engine_read (bare: dockerd's unix socket) under the same kind of trickle: each recv waits only
+    for what is left of its deadline, so the read is `timeout` at 2 s, not one wait of 2 s per byte."""
+    stop = threading.Event()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "docker.sock"))
+    listener.listen(1)
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+            while not stop.wait(1):
+                try:
+                    conn.sendall(b"{")
+                except OSError:
+                    return
+
+    threading.Thread(target=serve, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([sys.executable, *remote.argv("engine_read", 2, "info", "/info")[1:]], capture_output=True,
+                           text=True, env={"DOCKER_HOST": f"unix://{tmp_path}/docker.sock"}, timeout=30)
+    finally:
+        stop.set()
+        listener.close()
+    assert r.stdout == "@@engine timeout info\n" and time.monotonic() - t0 < 2 + 3

@@ -31,7 +31,7 @@ def read(where, path, end):
     """(status, text) of one GET, all of it before `end` (time.monotonic()): each recv may wait only
     for what is left, so a dockerd trickling its answer cannot keep it past the deadline."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    s.settimeout(end - time.monotonic())
+    s.settimeout(max(end - time.monotonic(), 0.001))
     chunks = []
     got = 0
     try:
