@@ -99,10 +99,12 @@ def test_the_hosts_weights_check_keeps_the_tiny_checkpoints_mark(tmp_path):
     """What the note reads reaches the facts: models_on_disk keeps config.json's nemofleet_tiny."""
     import json as _json
 
-    from nemofleet.remote import models_on_disk
+    from nemofleet import remote
 
+    models_on_disk = {"__name__": "models_on_disk"}  # the text a host runs (its prelude first), not run as main
+    exec(compile(remote.source("models_on_disk"), "models_on_disk.py", "exec"), models_on_disk)
     (tmp_path / "config.json").write_text(_json.dumps({"architectures": ["X"], "nemofleet_tiny": "base"}))
-    assert models_on_disk.describe(str(tmp_path))["config"] == {"architectures": ["X"], "nemofleet_tiny": "base"}
+    assert models_on_disk["describe"](str(tmp_path))["config"] == {"architectures": ["X"], "nemofleet_tiny": "base"}
 
 
 def test_plan_facts_without_an_api_key_still_shows_what_it_would_run(tmp_path, monkeypatch):

@@ -217,12 +217,12 @@ def test_acquire_appears_with_its_info_in_one_step(sandbox, killed_at):
     """Every lock a controller leaves has its expiry: the info is written before the directory is
     renamed into place, so the program killed at any step leaves no lock or a complete one. Here it
     dies (os._exit, as a SIGKILL would leave it) at its rename into place, or while it writes the
-    info file."""
+    info file (info.tmp, renamed to info inside the new directory)."""
     argv = shlex.split(commands.lock_acquire("alice@ctl", "t1", 7200, ""))
     die = ("import os, sys\n"
            f"real_open, real_rename = os.open, os.rename\n"
            "def rename(a, b, *k, **kw):\n    os._exit(9)\n"
-           "def open_(p, *a, **kw):\n    os._exit(9) if str(p).endswith('/info') else None\n"
+           "def open_(p, *a, **kw):\n    os._exit(9) if str(p).endswith(('/info', '/info.tmp')) else None\n"
            "    return real_open(p, *a, **kw)\n"
            f"os.{'rename = rename' if killed_at == 'rename' else 'open = open_'}\n"
            "sys.argv = ['lock.py'] + sys.argv[1:]\n"

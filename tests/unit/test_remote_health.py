@@ -71,7 +71,9 @@ def test_the_program_is_the_file_and_its_config_is_json():
     from pathlib import Path
     from nemofleet import remote
     assert program.startswith("#!/usr/bin/python3 -IS\n")  # -I -S, as the other host programs run
-    assert program == (Path(remote.__file__).parent / "health.py").read_text()  # no template: the file itself
+    # no template: the file itself, with the prelude every host program gets after its #! line
+    assert program == remote.source("health")
+    assert program.endswith((Path(remote.__file__).parent / "health.py").read_text().split("\n", 1)[1])
     config = json.loads(render.health_config(plan, settings.parse({"health_webhook_url": "https://hook.example/x"})))
     assert [i["name"] for i in config["instances"]] == ["nemotron-0", "nemotron-1"]
     assert config["gpus"][1] == {"instance": "nemotron-1", "uuid": GPUS[1].uuid} and config["group"] is None

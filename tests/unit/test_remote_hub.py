@@ -9,13 +9,11 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from nemofleet import remote
 
-HUB = Path(remote.__file__).parent / "hub.py"
 TOKEN = "hf_s3cr3tTOKENvalue"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 REPO = "org/model"
@@ -74,8 +72,9 @@ def token_file(tmp_path):
     return p
 
 
-def hub(*args):
-    r = subprocess.run([sys.executable, "-I", "-S", str(HUB), *map(str, args)], capture_output=True, text=True,
+def hub(*args, deadline=20):
+    """The program as the host runs it (remote.argv: the prelude, then hub.py), DEADLINE last."""
+    r = subprocess.run([sys.executable, *remote.argv("hub", *args, deadline)[1:]], capture_output=True, text=True,
                        timeout=60, env={"PATH": os.environ["PATH"]})
     assert "Traceback" not in r.stderr and TOKEN not in r.stdout + r.stderr, r.stdout + r.stderr
     return r
@@ -246,5 +245,7 @@ def test_the_commands_carry_paths_not_the_token():
 
     cmd = HubCommit().command("https://huggingface.co", REPO, "main")
     assert cmd.startswith("timeout 20 python3 -I -S -c ") and cmd.count(paths.HF_ENV) == 1
-    assert precheck_command("/srv/m/x", REPO, "main", None, paths.HF_ENV, 5).endswith(
-        f" precheck /srv/m/x {REPO} main https://huggingface.co {paths.HF_ENV} 5")
+    assert f" commit https://huggingface.co {REPO} main {paths.HF_ENV} 15 2>/dev/null" in cmd  # deadline < timeout
+    cmd = precheck_command("/srv/m/x", REPO, "main", None, paths.HF_ENV, 5)
+    assert cmd.startswith("timeout 60 python3 -I -S -c ")
+    assert cmd.endswith(f" precheck /srv/m/x {REPO} main https://huggingface.co {paths.HF_ENV} 5 45")

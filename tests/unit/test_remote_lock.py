@@ -19,6 +19,7 @@ from nemofleet import lockinfo, paths, remote
 from test_fleet_commands import T1, _release, sandbox  # noqa: F401 - sandbox is the fixture
 
 REMOTE = Path(remote.__file__).parent
+LOCK = [sys.executable, *remote.argv("lock")[1:]]  # as a host runs it: the prelude, then lock.py
 PAYLOADS = ["$(touch MARK)", "`touch MARK`", "x; touch MARK", "x' ; touch MARK; '", 'x" ; touch MARK; "',
             "x\ntouch MARK", "x\\\ntouch MARK", "%s%n$((1))${IFS}", "-h", "--force", ""]
 BREAKS = "a\nb\rc\x0bd\x0ce\x1cf\x85g\u2028h\u2029i\x00j"
@@ -54,7 +55,7 @@ def test_the_lock_program_loads_only_os_stat_sys_and_time():
                                timeout=30).stdout.strip()
 
     program = (f"sys.argv = ['lock.py', {str(REMOTE / 'x' / 'lock')!r}, 'status']\n"
-               f"exec(compile(open({str(REMOTE / 'lock.py')!r}).read(), 'lock.py', 'exec'), {{'__name__': 'm'}})")
+               f"exec(compile({remote.source('lock')!r}, 'lock.py', 'exec'), {{'__name__': 'm'}})")
     assert loaded(program) == loaded("import os, stat, sys, time")
 
 
@@ -223,7 +224,7 @@ def test_a_stale_temporary_directory_with_a_symlink_inside_is_removed_without_fo
                                   ["/x", "refresh", "A" * 64, "60"], ["/x", "release", "a" * 64, "please"]])
 def test_bad_arguments_are_one_sentence(tmp_path, argv):
     argv = [a.replace("/x", str(tmp_path / "lock")) for a in argv]
-    r = subprocess.run([sys.executable, "-I", "-S", str(REMOTE / "lock.py"), *argv], capture_output=True, text=True,
+    r = subprocess.run([*LOCK, *argv], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "lock").exists()
@@ -231,7 +232,7 @@ def test_bad_arguments_are_one_sentence(tmp_path, argv):
 
 def test_arguments_that_are_not_utf8_never_crash(tmp_path):
     lock = str(tmp_path / "lock").encode()
-    r = subprocess.run([sys.executable, "-I", "-S", str(REMOTE / "lock.py"), lock, b"acquire", b"\xff\xfeholder",
+    r = subprocess.run([*LOCK, lock, b"acquire", b"\xff\xfeholder",
                         ("a" * 64).encode(), b"60", b"m\xff\x00"[:2]], capture_output=True, timeout=30)
     assert r.returncode == 0 and b"state=ACQUIRED" in r.stdout, r.stderr
     text = (tmp_path / "lock" / "info").read_text(encoding="utf-8")
@@ -240,7 +241,7 @@ def test_arguments_that_are_not_utf8_never_crash(tmp_path):
 
 def test_an_unwritable_state_directory_is_one_sentence(tmp_path):
     (tmp_path / "state").write_text("a file where the directory should be")
-    r = subprocess.run([sys.executable, "-I", "-S", str(REMOTE / "lock.py"), str(tmp_path / "state" / "lock"), "acquire",
+    r = subprocess.run([*LOCK, str(tmp_path / "state" / "lock"), "acquire",
                         "h", "a" * 64, "60", ""], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and r.stderr.startswith("the deploy lock could not be changed:"), r.stderr
     assert "Traceback" not in r.stderr

@@ -1,5 +1,5 @@
 """remote/weights_check.py and remote/models_on_disk.py run as the hosts run them
-(`python3 -I -S FILE ARGS`) against hostile model directories: an index, shard headers and a
+(`python3 -I -S -c <remote.source(NAME)> ARGS`) against hostile model directories: an index, shard headers and a
 marker of the wrong type, bytes that are not UTF-8, FIFOs, symlink loops, numbers of any size.
 Each run ends in one JSON line (never a traceback, never a hang), nothing outside the directory
 is read or removed, and a complete model is still found complete (so nothing is fetched again
@@ -22,7 +22,7 @@ INDEX = "model.safetensors.index.json"
 
 
 def run(program, *args):
-    r = subprocess.run([sys.executable, "-I", "-S", str(REMOTE / f"{program}.py"), *map(str, args)],
+    r = subprocess.run([sys.executable, *remote.argv(program, *args)[1:]],
                        capture_output=True, text=True, timeout=30, env={"PATH": os.environ["PATH"]})
     assert "Traceback" not in r.stderr, r.stderr
     lines = r.stdout.strip().splitlines()
@@ -169,7 +169,8 @@ def test_fifos_devices_and_symlink_loops_are_never_read(tmp_path):
         rc, out, _ = check(d, sha, mode)  # run() times out after 30 s were anything waited on
         assert rc == (1 if mode == "full" else 0) and not out["complete"] and INDEX in out["missing"] and "config.json" in out["missing"]
     rc, out, _ = run("models_on_disk", d.parent)
-    assert out[sha]["complete"] is True and out[sha]["revision"] is None and "marker_ok" not in out[sha]
+    # a FIFO where the marker should be is no marker (host_status and the weights check agree)
+    assert out[sha]["complete"] is False and out[sha]["revision"] is None and "marker_ok" not in out[sha]
 
 
 def test_a_model_directory_that_is_a_symlink_loop_or_missing(tmp_path):
@@ -216,10 +217,13 @@ def test_models_on_disk_keeps_only_values_of_the_right_type(tmp_path):
 
 
 def test_the_programs_are_what_nemofleet_sends():
-    """`remote.argv` sends the file's own text: what these tests run is what the hosts run."""
+    """`remote.argv` sends the prelude, then the file's own text (engine_read: the file alone):
+    what these tests run is what the hosts run."""
     for name in ("weights_check", "models_on_disk", "hub", "engine_read"):
         argv = remote.argv(name, "a b", "$(x)")
-        assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[4] == (REMOTE / f"{name}.py").read_text()
+        text = (REMOTE / f"{name}.py").read_text()
+        assert argv[:4] == ["python3", "-I", "-S", "-c"] and argv[4] == remote.source(name)
+        assert argv[4] == text if name in remote.BARE else argv[4].endswith("# ---- the program\n" + text)
         assert argv[5:] == ["a b", "$(x)"]
         compile(argv[4], name, "exec")
 

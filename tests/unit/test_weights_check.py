@@ -155,3 +155,44 @@ def test_held_peers_are_asked_not_waited_for_and_a_source_that_never_begins_is_s
     r, dest = run([{"host": "gone", "wait": 600, "start": 30}, {"host": "good"}], "start")
     assert "source gone did not begin fetching within 30 s" in r.stderr and "no progress" not in r.stderr
     assert "no download needed" in r.stdout
+
+
+def test_the_seed_copy_brings_regular_files_and_directories_only(tmp_path):
+    """The copy from a peer (that peer maybe compromised), run with the real rsync and the flags the
+    operation gives it: no link (to outside, or a linked .cache), no FIFO, no setuid bit and no
+    marker arrive; a link left at the destination is replaced by the directory the peer sends."""
+    import re
+    import shutil
+    import stat
+
+    import pytest
+    from nemofleet.operations.weights import seed_lines
+
+    if not shutil.which("rsync"):
+        pytest.skip("no rsync here")
+    src, sha = model(tmp_path / "src")
+    check(src, sha, "write")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    os.symlink(outside / "precious", os.path.join(src, "tokenizer.model"))
+    os.symlink(outside, os.path.join(src, ".cache", "huggingface", "elsewhere"))
+    os.mkfifo(os.path.join(src, "fifo"))
+    with open(os.path.join(src, "run-me"), "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(os.path.join(src, "run-me"), 0o4755)
+    os.makedirs(os.path.join(src, "sub"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    os.symlink(outside, dest / "sub")  # left by an older copy: never written through
+    script = "\n".join(seed_lines({"host": "peer", "root": str(tmp_path)}, str(dest), sha))
+    flags = re.search(r"rsync (-[^']*?) -e ", script).group(1).split()
+    assert "-a" not in flags and flags[0] == "-rt"
+    r = subprocess.run(["rsync", *flags, src + "/", f"{dest}/"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    found = {str(p.relative_to(dest)): p.lstat().st_mode for p in dest.rglob("*")}
+    assert not [n for n, m in found.items() if not (stat.S_ISREG(m) or stat.S_ISDIR(m))], found
+    assert "tokenizer.model" not in found and "fifo" not in found and ".nemofleet-complete" not in found
+    assert stat.S_ISDIR(found["sub"]) and not found["run-me"] & (stat.S_ISUID | stat.S_ISGID)
+    assert sorted(p.name for p in outside.iterdir()) == ["precious"]
+    assert check(str(dest), sha)[1]["complete"]

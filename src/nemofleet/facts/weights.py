@@ -85,16 +85,21 @@ def status_from_models(root: str, name: str, meta: dict) -> tuple[dict, dict] | 
              "total_size": ok.get("total_size")})
 
 
+HUB_COMMIT_TIMEOUT = 20
+
+
 class HubCommit(Fact):
     """The 40-hex commit a branch or tag names on the Hub (or its mirror), asked from the host
     (the host, not the controller, reaches the mirror): {"sha"} or {"error": sentence}.
-    Only read when a revision is not pinned to a commit; bounded to 20 s. The program is
-    remote/hub.py (`commit`): the token never follows a redirect to another host."""
+    Only read when a revision is not pinned to a commit; bounded to HUB_COMMIT_TIMEOUT s, the
+    program's own deadline a few seconds below it (it then answers its own sentence). The program
+    is remote/hub.py (`commit`): the token never follows a redirect to another host."""
 
     def command(self, endpoint: str, repo: str, revision: str) -> str:
-        # the token is read on the host from its 0600 file (its path is the last argument)
-        return (shell.join(["timeout", 20, *remote.argv("hub", "commit", endpoint, repo, revision, paths.HF_ENV)])
-                + " 2>/dev/null || echo '{\"error\": \"the Hub query did not finish within 20 s\"}'")
+        # the token is read on the host from its 0600 file (its path is an argument)
+        return (shell.join(["timeout", HUB_COMMIT_TIMEOUT, *remote.argv("hub", "commit", endpoint, repo, revision,
+                                                                        paths.HF_ENV, HUB_COMMIT_TIMEOUT - 5)])
+                + f" 2>/dev/null || echo '{{\"error\": \"the Hub query did not finish within {HUB_COMMIT_TIMEOUT} s\"}}'")
 
     def default(self):  # no output at all (pyinfra's value for it too)
         return {"error": "no answer from the Hub query"}

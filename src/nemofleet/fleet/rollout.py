@@ -388,8 +388,10 @@ BAKE_POLL = 5.0  # seconds between two reads of every instance's /metrics during
 # instance's request metrics (the lines the gate uses) after an `@@instance NAME` line. The
 # instances and where they listen come from the health program's config the deploy wrote
 # (health.json), so this matches the release the host runs now; /metrics is read with the API key
-# header like the health program reads it. Paths and the per-instance timeout are its arguments.
-METRICS_SCRIPT = shell.join(remote.argv("metrics", paths.HEALTH_CONFIG, paths.API_AUTH, 5))
+# header like the health program reads it. Paths, the per-instance timeout (5 s for the whole
+# answer) and the run's deadline (15 s below the read's own bound, METRICS_TIMEOUT) are its arguments.
+METRICS_TIMEOUT = 60
+METRICS_SCRIPT = shell.join(remote.argv("metrics", paths.HEALTH_CONFIG, paths.API_AUTH, 5, METRICS_TIMEOUT - 15))
 
 
 @dataclass
@@ -407,7 +409,7 @@ class Reading:
 def read_metrics(session, hosts: list[str]) -> dict[str, Reading]:
     """Every host's metrics over its kept connection, in parallel; an unanswered host is absent."""
     def one(h):
-        e = session.run(h, METRICS_SCRIPT, timeout=60)
+        e = session.run(h, METRICS_SCRIPT, timeout=METRICS_TIMEOUT)
         if not e.reachable or e.rc != 0:
             return h, None
         gpu, texts = gate_math.split_instances(e.lines())

@@ -24,7 +24,7 @@ from ..valuetypes import host_json, host_number, is_int, reads_host, shown
 
 DEFAULT_PROMPT = "What is 17*23? Answer in one sentence."
 DEFAULT_MAX_TOKENS = 512
-CURL_MAX_TIME = 120  # seconds for the one completion (the program's timeout); the SSH step gets a minute more
+CURL_MAX_TIME = 120  # seconds for the whole run of the program (its deadline); the SSH step gets a minute more
 MARK = "@@nemofleet-smoke"
 BODY_END = "NEMOFLEET_SMOKE_BODY_END"  # json.dumps never writes a newline, so never this line
 WORDS = 12  # how much of the answer is shown

@@ -22,11 +22,16 @@ SEED_KNOWN_HOSTS = paths.SEED_KNOWN_HOSTS
 # Runs on the host before any byte is fetched (remote/hub.py `precheck`): is the mirror up, does
 # repo@revision exist, is there disk for what is still missing? One sentence and exit 1 otherwise.
 # The token is read from its 0600 file, never passed on a command line, and never follows a
-# redirect to another host.
+# redirect to another host. Two questions to the mirror: the program's own deadline is
+# PRECHECK_TIMEOUT - 15 s (it then says which mirror did not answer), `timeout` the bound behind it.
+PRECHECK_TIMEOUT = 60
+
+
 def precheck_command(directory: str, repo: str, revision: str, endpoint: str | None, token_file: str | None,
                      present_bytes: int) -> str:
-    return shell.join(remote.argv("hub", "precheck", directory, repo, revision, endpoint or "https://huggingface.co",
-                                  token_file or "", int(present_bytes)))
+    return shell.join(["timeout", PRECHECK_TIMEOUT,
+                       *remote.argv("hub", "precheck", directory, repo, revision, endpoint or "https://huggingface.co",
+                                    token_file or "", int(present_bytes), PRECHECK_TIMEOUT - 15)])
 
 
 # A download has no total bound (232 GB on a slow mirror is hours): it is stopped when its directory
@@ -71,8 +76,16 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     src = f"{seed.get('user', 'root')}@{seed_host}:{rel}/"
     # weights_peer_bwlimit: a bound per copy, so the source (maybe serving) keeps its bandwidth
     bw = f" --bwlimit={q(str(seed['bwlimit']))}" if seed.get("bwlimit") else ""
-    # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound)
-    copy = (f"rsync -a --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
+    # --timeout: give up when no byte moves for 120 s (a copy of 232 GB has no total bound).
+    # -rt, not -a: regular files, directories and times only. The peer may be compromised, and what
+    # it sends lands as root in a directory that vLLM and the weights check read: a link (-l) could
+    # point anywhere (the checks never follow one, but nothing else should meet one either), a
+    # device or FIFO (-D) is no weight, and owners and modes (-o -g -p) would carry a setuid bit. A
+    # weights directory needs none of them: `hf download --local-dir` writes regular files (its
+    # .cache/huggingface holds metadata files, no links), and the link_from copy hard-links on this
+    # host. rsync skips what it does not copy ("skipping non-regular file"), and a link left at the
+    # destination is never followed into (a directory the peer sends replaces it).
+    copy = (f"rsync -rt --partial --timeout=120{bw} --delete --exclude=.nemofleet-complete "
             f"--exclude={q('/' + WAITING)} -e {q(ssh)} {q(src)} {q(directory + '/')}")
     seeded = shell.say(f"seeded {directory} from {seed_host}", err=False)
     failed = shell.say(f"seeding from {seed_host} failed; trying the next source, then the Hugging Face mirror")

@@ -8,7 +8,9 @@ escaped). STATUS is the HTTP status, "down" (nothing answers at the socket), "ti
 "garbled"; BODY is then the reason. The host does no JSON: the controller parses it
 (facts/engine.py). `_socket`, not `socket`, and no `json`: their imports (enum, re) were two
 thirds of the read's CPU on a test host (docs/measurements.md). HTTP/1.0, one connection per
-request: dockerd closes it after the answer (no chunked body).
+request: dockerd closes it after the answer (no chunked body). Sent without the prelude
+(remote/__init__.py, BARE): it reads no file of the host's, follows no redirect and sends no key;
+its answer is bounded (ANSWER_LIMIT) and its whole run by DEADLINE_SECONDS, every recv included.
 
 KEY and PATH come from the controller (facts/engine.py %-quotes every name in a PATH); a PATH
 holding a CR, a LF or a space is refused here too, so that it can never add a header or a
@@ -25,16 +27,21 @@ MARK = "@@engine "
 ANSWER_LIMIT = 64 * 1024 * 1024
 
 
-def read(where, path, left):
-    """(status, text) of one GET."""
+def read(where, path, end):
+    """(status, text) of one GET, all of it before `end` (time.monotonic()): each recv may wait only
+    for what is left, so a dockerd trickling its answer cannot keep it past the deadline."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    s.settimeout(left)
+    s.settimeout(max(end - time.monotonic(), 0.001))
     chunks = []
     got = 0
     try:
         s.connect(where[7:])
         s.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\n\r\n" % path).encode("ascii", "replace"))
         while got <= ANSWER_LIMIT:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise _socket.timeout
+            s.settimeout(left)
             data = s.recv(65536)
             if not data:
                 break
@@ -70,7 +77,7 @@ def main(argv):
         if not path.startswith("/") or any(c in path for c in " \r\n\t\x00"):
             out.append("%sdown %s the API path is not one word" % (MARK, key))
             continue
-        status, body = read(where, path, left)
+        status, body = read(where, path, end)
         out.append("%stimeout %s" % (MARK, key) if status == "timeout" else "%s%s %s %s" % (MARK, status, key, body))
     sys.stdout.write("".join(line + "\n" for line in out))
 

@@ -21,7 +21,9 @@ GPU watch (docs/gpu-health.md): one bounded nvidia-smi call per run for every GP
 log's Xid lines; a GPU that turns sick takes its instance(s) out of the front door (requests in
 flight finish), never restarted, one log line, the webhook once; it returns at the next deploy,
 or after GPU_RETURN_AFTER healthy checks in a row (0, the default: only at a deploy).
-Exit 0 when every instance is healthy, 1 otherwise.
+Its files (config, conf, state, the textfile) are read and written by the prelude's rules (a link
+or a FIFO is not read, a file is replaced by a temporary one and a rename) and its HTTP by the
+prelude's rule as curl options (Health.curl). Exit 0 when every instance is healthy, 1 otherwise.
 """
 
 import csv
@@ -85,9 +87,13 @@ class Health:
         return r.returncode, r.stdout or ""
 
     def curl(self, args, timeout, auth=False, stdin=None):
-        """curl with the API key's header read from its 0600 file (-H @file: never on argv)."""
-        head = ["-H", "@" + self.auth] if auth and self.auth and os.access(self.auth, os.R_OK) else []
-        return self.run(["curl", *head, *args], timeout, stdin)
+        """curl with the API key's header read from its 0600 file (-H @file: never on argv; a link
+        or a FIFO there is not read). The prelude's HTTP rule, as curl's options: http(s) only, a
+        bounded body, each call's whole time bounded (--max-time in args), and no redirect
+        followed (no -L): an instance's answer is its own, and the key goes nowhere else."""
+        head = ["-H", "@" + self.auth] if auth and self.auth and file_size(self.auth) is not None else []
+        return self.run(["curl", "--proto", "=http,https", "--max-filesize", str(16 << 20), *head, *args],
+                        timeout, stdin)
 
     def drain_script(self):
         return self.drain if self.drain and os.access(self.drain, os.X_OK) else None
@@ -96,15 +102,14 @@ class Health:
         return os.path.join(self.state, name)
 
     def read_state(self, name, default=""):
-        try:
-            with open(self.state_file(name)) as f:
-                return f.read().strip()
-        except OSError:
-            return default
+        data = read_file(self.state_file(name), 1 << 20)
+        return default if data is None else data.decode("utf-8", "replace").strip()
+
+    def has_state(self, name):
+        return file_size(self.state_file(name)) is not None
 
     def write_state(self, name, text):
-        with open(self.state_file(name), "w") as f:
-            f.write(text)
+        write_file(self.state_file(name), text.encode())
 
     def int_state(self, name):
         try:
@@ -218,8 +223,7 @@ class Health:
                   % (name, unit, recent, cap))
             return
         print("instance %s: restarting %s after %d consecutive failures" % (name, unit, fails))
-        with open(self.state_file(name + ".restarts"), "a") as f:
-            f.write("%d\n" % now)
+        append_file(self.state_file(name + ".restarts"), b"%d\n" % now)
         # out of the front door first (its requests finish); back in once a later check passes it
         drain = self.drain_script()
         if drain:
@@ -245,7 +249,7 @@ class Health:
         """(rows, error, metric lines, verdicts [(state, index, uuid, why)])."""
         fields = list(self.cfg["gpu_fields"])
         drain = [str(c) for c in self.cfg["drain_xids"]]
-        known = self.state_file("gpu-fields")  # the fields this driver accepts, once one was refused
+        # the fields this driver accepts (state gpu-fields), once one was refused
         fields = [f for f in self.read_state("gpu-fields").split(",") if f] or fields
         rows, error = [], None
         for _ in range(len(fields)):  # at most once per field; one call when the driver knows them all
@@ -261,8 +265,7 @@ class Health:
             m = re.match(r'Field "(.+)" is not a valid field to query', r.stdout)
             if r.returncode == 2 and m and m.group(1) in fields:
                 fields.remove(m.group(1))
-                with open(known, "w") as f:
-                    f.write(",".join(fields) + "\n")
+                self.write_state("gpu-fields", ",".join(fields) + "\n")
                 continue
             if r.returncode:
                 error = "nvidia-smi exit %d: %s" % (r.returncode, " ".join(r.stdout.split())[:160])
@@ -270,10 +273,10 @@ class Health:
                 rows = [dict(zip(fields, (c.strip() for c in row)))
                         for row in csv.reader(r.stdout.splitlines(), skipinitialspace=True) if row]
             break
-        cache = self.state_file("gpu-bus")  # index uuid bus of the last good read: Xids still find their GPU
+        # gpu-bus: index uuid bus of the last good read: Xids still find their GPU
         if rows:
-            with open(cache, "w") as f:
-                f.write("".join("%s %s %s\n" % (g.get("index"), g.get("uuid"), g.get("pci.bus_id")) for g in rows))
+            self.write_state("gpu-bus", "".join("%s %s %s\n" % (g.get("index"), g.get("uuid"), g.get("pci.bus_id"))
+                                                for g in rows))
         else:
             rows = [dict(zip(("index", "uuid", "pci.bus_id"), ln.split()))
                     for ln in self.read_state("gpu-bus").splitlines() if len(ln.split()) == 3]
@@ -285,13 +288,10 @@ class Health:
         except (OSError, ValueError):
             pass
         resets = {}
-        try:
-            for ln in open(self.cfg["resets_file"]):
-                p = ln.split()
-                if len(p) == 2 and p[1].isdigit():
-                    resets[bus_key(p[0])] = max(resets.get(bus_key(p[0]), 0), int(p[1]))
-        except OSError:
-            pass
+        for ln in (read_file(self.cfg["resets_file"], 1 << 20) or b"").decode("utf-8", "replace").splitlines():
+            p = ln.split()
+            if len(p) == 2 and p[1].isdigit():
+                resets[bus_key(p[0])] = max(resets.get(bus_key(p[0]), 0), int(p[1]))
         log = ""
         for cmd in (["dmesg"], ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager"]):
             try:
@@ -386,7 +386,7 @@ class Health:
             mark = "gpu-%s.sick" % uuid
             if state == "sick":
                 self.write_state("gpu-%s.healthy_runs" % uuid, "0\n")
-                if os.path.isfile(self.state_file(mark)):
+                if self.has_state(mark):
                     continue
                 self.write_state(mark, "%s %s %s %s\n" % (uuid, now, index, why))
                 print("GPU %s (%s) is sick: %s; instance(s) %s out of the front door, not restarted"
@@ -397,16 +397,16 @@ class Health:
                     if drain:
                         self.run([drain, "out", n], 600, show=True)
                     self.notify(n, "gpu_sick", "GPU %s (%s): %s" % (index, uuid, why))
-            elif os.path.isfile(self.state_file(mark)):
+            elif self.has_state(mark):
                 runs = self.int_state("gpu-%s.healthy_runs" % uuid) + 1
                 self.write_state("gpu-%s.healthy_runs" % uuid, "%d\n" % runs)
                 back = self.number("GPU_RETURN_AFTER", 0)
                 if back > 0 and runs >= back:
                     print("GPU %s (%s) healthy for %d checks in a row: instance(s) %s return" % (index, uuid, runs, shown))
                     for f in (mark, "gpu-%s.healthy_runs" % uuid):
-                        remove(self.state_file(f))
+                        remove_tree(self.state_file(f))
                     for n in names:
-                        remove(self.state_file(n + ".gpu_sick"))
+                        remove_tree(self.state_file(n + ".gpu_sick"))
         return lines
 
     # ---------------------------------------------------------------- one run
@@ -427,7 +427,7 @@ class Health:
             up = 0 if reason else 1
             lat = "%.3f" % (time.monotonic() - t0)
             prev = self.read_state(name + ".state", "unknown") or "unknown"
-            sick = os.path.isfile(self.state_file(name + ".gpu_sick"))
+            sick = self.has_state(name + ".gpu_sick")
             if sick:
                 # on a sick GPU: stays out of the front door, never restarted; the GPU's webhook call was the one
                 unhealthy, up = 1, 0
@@ -494,10 +494,8 @@ class Health:
         out += ["# HELP nemofleet_health_last_run_timestamp_seconds Unix time of the last health run.",
                 "# TYPE nemofleet_health_last_run_timestamp_seconds gauge",
                 "nemofleet_health_last_run_timestamp_seconds %d" % now]
-        tmp = os.path.join(self.prom_dir, "nemofleet.prom.%d" % os.getpid())
-        with open(tmp, "w") as f:
-            f.write("".join(ln + "\n" for ln in out))
-        os.replace(tmp, os.path.join(self.prom_dir, "nemofleet.prom"))
+        # nemofleet.prom.tmp, then a rename: the textfile collector reads only *.prom, and never half of it
+        write_file(os.path.join(self.prom_dir, "nemofleet.prom"), "".join(ln + "\n" for ln in out).encode())
         sys.stdout.flush()
         return unhealthy
 
@@ -505,12 +503,7 @@ class Health:
 def read_conf(path):
     """KEY=value lines of the 0600 conf file (a value in single quotes, as older files wrote it, unquoted)."""
     out = {}
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
-        return out
-    for line in text.splitlines():
+    for line in (read_file(path, 1 << 20) or b"").decode("utf-8", "replace").splitlines():
         key, eq, value = line.strip().partition("=")
         if not eq or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
             continue
@@ -544,20 +537,12 @@ def awk_number(s):
     return float(m.group(0)) if m else 0.0
 
 
-def remove(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def main(argv):
     path = argv[0] if argv else CONFIG
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as exc:
-        print("nemofleet-health: cannot read its config %s (%s); run the nemofleet deploy again" % (path, exc))
+    cfg = read_json(path, 1 << 20)
+    if not isinstance(cfg, dict):
+        print("nemofleet-health: cannot read its config %s (%s); run the nemofleet deploy again"
+              % (path, "not a JSON object in a regular file" if os.path.lexists(path) else "there is none"))
         return 1
     health = Health(cfg, os.environ)
     interval = health.number("INTERVAL", 0)

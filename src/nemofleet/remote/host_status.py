@@ -16,15 +16,14 @@ Prints one line per item, each starting with its kind (nemofleet.fleet.status pa
   canary LINE              the last `canary` line of AUDIT_LOG (the last canary gate's verdict)
 
 Everything read is input that may be wrong: every printed value is made one printable line, only
-regular files are opened (a FIFO is never waited on), an index that is not what the Hub writes
-reads as `?`, and every systemctl/journalctl call and the weights count have a time limit.
+regular files are opened (a FIFO is never waited on, a link never followed: the prelude's
+read_file), an index that is not what the Hub writes reads as `?`, and every systemctl/journalctl
+call and the weights count have a time limit.
 Standard library only; always exits 0 (a part that cannot be read is left out).
 """
 
-import json
 import os
 import re
-import stat
 import struct
 import subprocess
 import sys
@@ -33,7 +32,6 @@ import time
 CALL_TIMEOUT = 10
 WEIGHTS_BUDGET = 60  # seconds for all of the weights figures (the shell version's per-directory bound)
 INDEX = "model.safetensors.index.json"
-JSON_LIMIT = 64 * 1024 * 1024
 READ_LIMIT = 1 << 20
 SIZE_LIMIT = 2 ** 63
 LINE_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
@@ -43,39 +41,8 @@ def one_line(text, limit=2000):
     return LINE_BREAKS.sub(" ", text).strip()[:limit]
 
 
-def regular(path):
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
-def read_bytes(path, limit=READ_LIMIT):
-    """Up to `limit` bytes of a regular file (None otherwise; a FIFO is not opened for long)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        os.set_blocking(fd, True)
-        chunks, left = [], limit
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def lines_of(path, limit=READ_LIMIT):
-    data = read_bytes(path, limit)
+    data = read_file(path, limit)
     return [] if data is None else data.decode("utf-8", "replace").splitlines()
 
 
@@ -124,11 +91,8 @@ def gpusick(state):
 
 
 def total_size(d):
-    data = read_bytes(os.path.join(d, INDEX), JSON_LIMIT + 1)
-    if data is None or len(data) > JSON_LIMIT:
-        return 0
     try:
-        t = json.loads(data)["metadata"]["total_size"]
+        t = read_json(os.path.join(d, INDEX))["metadata"]["total_size"]
     except Exception:  # noqa: BLE001 - any index that is not the Hub's (wrong types, too deep, not UTF-8)
         return 0
     if isinstance(t, str) and re.fullmatch(r"[0-9]{1,19}", t):
@@ -136,29 +100,26 @@ def total_size(d):
     return t if type(t) is int and 0 < t < SIZE_LIMIT else 0
 
 
-def tensor_bytes(d, deadline):
-    """'<tensor bytes of the shards on disk> of <index total_size> (P%)', or None past the deadline."""
+def tensor_bytes(d, until):
+    """'<tensor bytes of the shards on disk> of <index total_size> (P%)', or None past `until`."""
     have = 0
     try:
         names = sorted(n for n in os.listdir(d) if n.endswith(".safetensors"))
     except OSError:
         names = []
     for n in names:
-        if time.monotonic() > deadline:
+        if time.monotonic() > until:
             return None
         f = os.path.join(d, n)
-        head = read_bytes(f, 8)
-        if head is not None and len(head) == 8:
-            try:
-                have += max(0, os.stat(f).st_size - 8 - struct.unpack("<Q", head)[0])
-            except OSError:
-                pass
+        head, size = read_file(f, 8), file_size(f)
+        if head is not None and len(head) == 8 and size is not None:
+            have += max(0, size - 8 - struct.unpack("<Q", head)[0])
     total = total_size(d)
     return "%d of %s" % (have, ("%d (%.0f%%)" % (total, min(100.0, 100.0 * have / total))) if total > 0 else "?")
 
 
 def weights(root, marker):
-    deadline = time.monotonic() + WEIGHTS_BUDGET
+    until = time.monotonic() + WEIGHTS_BUDGET
     try:
         names = sorted(n for n in os.listdir(root) if not n.startswith("."))
     except OSError:
@@ -167,8 +128,8 @@ def weights(root, marker):
         d = os.path.join(root, n)
         if not os.path.isdir(d):
             continue
-        have = tensor_bytes(d, deadline) or "? of ?"
-        done = "complete" if regular(os.path.join(d, marker)) else "incomplete"
+        have = tensor_bytes(d, until) or "? of ?"
+        done = "complete" if file_size(os.path.join(d, marker)) is not None else "incomplete"
         print(f"weights {one_line(n, 300)} {have} tensor bytes, {done}")
 
 
@@ -186,10 +147,11 @@ def downloads():
 def canary(log):
     """The audit log's last line whose third field is `canary` (streamed: the log only grows)."""
     found = None
+    fd = open_regular(log)
+    if fd is None:
+        return
     try:
-        if not regular(log):
-            return
-        with open(log, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             for raw in f:
                 parts = raw.split(None, 3)
                 if len(parts) >= 3 and parts[2] == b"canary":

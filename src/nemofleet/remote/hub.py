@@ -3,30 +3,28 @@
 The host, not the controller, reaches the mirror; the token is read on the host from its 0600
 file (TOKEN_FILE: a path, never the token itself on a command line).
 
-    python3 -I -S hub.py commit ENDPOINT REPO REVISION TOKEN_FILE
+    python3 -I -S hub.py commit ENDPOINT REPO REVISION TOKEN_FILE DEADLINE
         The 40-hex commit REVISION names: prints {"sha": ...} or {"error": sentence}; exit 0.
-    python3 -I -S hub.py precheck DIR REPO REVISION ENDPOINT TOKEN_FILE PRESENT_BYTES
+    python3 -I -S hub.py precheck DIR REPO REVISION ENDPOINT TOKEN_FILE PRESENT_BYTES DEADLINE
         Before any byte is fetched: is the mirror up, does REPO@REVISION exist, is there disk in
         DIR for what is still missing (PRESENT_BYTES are there)? Prints {"sha", "total", "need",
         "free"}, or one sentence on stderr and exit 1.
 
-The token goes only where it was meant to: on a redirect to another scheme, host or port the
-`Authorization` header is dropped (and stays dropped for the hops after it), as `requests` does;
-a redirect to anything but http(s) is refused. The mirror's answers are input that may be wrong
-or hostile (not JSON, not UTF-8, of the wrong type, numbers of any size, a redirect loop): every
-one ends in a sentence, never a traceback, and never in a fetch of the weights.
+DEADLINE: the seconds the whole run may take (below the controller's `timeout`). The token goes
+only where it was meant to, by the prelude's rule (http_request): on a redirect to another scheme,
+host or port the `Authorization` header is dropped (and stays dropped for the hops after it), as
+`requests` does; a redirect to anything but http(s) is not followed. The mirror's answers are input
+that may be wrong or hostile (not JSON, not UTF-8, of the wrong type, numbers of any size, a
+redirect loop, a trickle): every one ends in a sentence, never a traceback, and never in a fetch
+of the weights.
 """
 
 import json
 import os
 import shutil
-import stat
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 
-TIMEOUT = 15
 # the revision answer is a few KB; the file list of a 232 GB checkpoint is well under 1 MB
 ANSWER_LIMIT = 64 * 1024 * 1024
 SIZE_LIMIT = 2 ** 63
@@ -38,59 +36,21 @@ class Refused(Exception):
     """A sentence for the operator (never holding the token)."""
 
 
-def origin(url):
-    parts = urllib.parse.urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, (parts.hostname or "").lower(), port
+class Status(Exception):
+    """An answer that is not a 2xx: its status and the Hub's X-Error-Code."""
 
-
-class KeepTokenOnOrigin(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect without the token when it leaves the origin the token was meant for."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        scheme = urllib.parse.urlsplit(newurl).scheme
-        if scheme not in ("http", "https"):
-            raise urllib.error.HTTPError(req.full_url, code, "redirect to a %s URL refused" % (scheme or "relative"),
-                                         headers, fp)
-        # urllib bounds the distinct URLs and the repeats of each (10, 4): a loop between two
-        # URLs would still make 9 requests. Every hop counts here.
-        hops = getattr(req, "nemofleet_hops", 0) + 1
-        if hops > MAX_REDIRECTS:
-            raise urllib.error.HTTPError(req.full_url, code, "more than %d redirects" % MAX_REDIRECTS, headers, fp)
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None:
-            new.nemofleet_hops = hops
-            try:
-                same = origin(newurl) == origin(req.full_url)
-            except ValueError:  # a port that is not a number
-                same = False
-            if not same:
-                for name in list(new.headers):
-                    if name.lower() == "authorization":
-                        del new.headers[name]
-                new.unredirected_hdrs.pop("Authorization", None)
-        return new
-
-
-OPENER = urllib.request.build_opener(KeepTokenOnOrigin)
+    def __init__(self, code, headers):
+        super().__init__(code)
+        self.code, self.error_code = code, (headers.get("X-Error-Code", "") if headers else "")[:80]
 
 
 def read_token(token_file):
     """The HF_TOKEN of the env file, or None when there is no file (or it sets none)."""
     if not token_file or not os.path.lexists(token_file):
         return None
-    try:
-        fd = os.open(token_file, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise Refused("the token file %s is unreadable (%s)" % (token_file, exc.strerror or exc))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refused("the token file %s is not a regular file" % token_file)
-        data = os.read(fd, 1 << 16)
-    except OSError as exc:
-        raise Refused("the token file %s is unreadable (%s)" % (token_file, exc.strerror or exc))
-    finally:
-        os.close(fd)
+    data = read_file(token_file, 1 << 16)
+    if data is None:
+        raise Refused("the token file %s is not a regular file (or is unreadable)" % token_file)
     token = None
     for line in data.decode("utf-8", "replace").splitlines():
         if line.startswith("HF_TOKEN="):
@@ -107,10 +67,9 @@ def get_json(url, token):
     headers = {"User-Agent": "nemofleet"}
     if token:
         headers["Authorization"] = "Bearer " + token
-    with OPENER.open(urllib.request.Request(url, headers=headers), timeout=TIMEOUT) as answer:
-        data = answer.read(ANSWER_LIMIT + 1)
-    if len(data) > ANSWER_LIMIT:
-        raise ValueError("answer over %d bytes" % ANSWER_LIMIT)
+    status, data, got = http_request(url, headers, limit=ANSWER_LIMIT, hops=MAX_REDIRECTS)
+    if not 200 <= status < 300:
+        raise Status(status, got)
     return json.loads(data)
 
 
@@ -138,11 +97,11 @@ def commit(endpoint, repo, rev, token_file):
         return {"sha": sha}
     except Refused as exc:
         return {"error": str(exc)}
-    except urllib.error.HTTPError as exc:
+    except Status as exc:
         return {"error": "%s has no revision %s on %s (HTTP %d)" % (repo, rev, endpoint, exc.code)}
     except (ValueError, RecursionError):
         return {"error": "%s answered something that is not the Hub's JSON for %s" % (endpoint, repo)}
-    except Exception as exc:  # URLError, OSError, http.client's errors: the host cannot reach it
+    except Exception as exc:  # OSError, http.client's errors, the deadline: the host cannot reach it
         return {"error": "%s is unreachable from the host (%s)" % (endpoint, reason(exc))}
 
 
@@ -159,13 +118,12 @@ def precheck(d, repo, rev, endpoint, token_file, present):
             raise Refused("%s answered no commit for %s at revision %s; check the mirror" % (endpoint, repo, rev))
         tree = get_json("%s/api/models/%s/tree/%s?recursive=true&expand=false" % (
             endpoint.rstrip("/"), urllib.parse.quote(repo, safe="/"), sha), token)
-    except urllib.error.HTTPError as exc:
-        code = (exc.headers.get("X-Error-Code", "") if exc.headers else "")[:80]
+    except Status as exc:
         if exc.code in (401, 403):
             raise Refused("%s on %s needs a Hugging Face token (HTTP %d %s): set hf_token for this host"
-                          % (repo, endpoint, exc.code, code))
+                          % (repo, endpoint, exc.code, exc.error_code))
         raise Refused("%s at revision %s is not on %s (HTTP %d %s); check the model repo and revision"
-                      % (repo, rev, endpoint, exc.code, code))
+                      % (repo, rev, endpoint, exc.code, exc.error_code))
     except (ValueError, RecursionError):
         raise Refused("%s answered something that is not the Hub's JSON for %s; the weights in %s were "
                       "left as they are" % (endpoint, repo, d))
@@ -204,18 +162,25 @@ def precheck(d, repo, rev, endpoint, token_file, present):
 
 
 def main(argv):
-    if argv[:1] == ["commit"] and len(argv) == 5:
-        sys.stdout.write(json.dumps(commit(*argv[1:])) + "\n")
+    try:
+        seconds = float(argv[-1])
+    except (IndexError, ValueError):
+        seconds = 0
+    seconds = seconds if 0 < seconds < 86400 else 0
+    if argv[:1] == ["commit"] and len(argv) == 6 and seconds:
+        deadline(seconds)
+        sys.stdout.write(json.dumps(commit(*argv[1:5])) + "\n")
         return
-    if argv[:1] == ["precheck"] and len(argv) == 7:
+    if argv[:1] == ["precheck"] and len(argv) == 8 and seconds:
+        deadline(seconds)
         try:
-            sys.stdout.write(json.dumps(precheck(*argv[1:])) + "\n")
+            sys.stdout.write(json.dumps(precheck(*argv[1:7])) + "\n")
         except Refused as exc:
             sys.stderr.write(str(exc) + "\n")
             sys.exit(1)
         return
-    sys.stderr.write("usage: hub.py commit ENDPOINT REPO REVISION TOKEN_FILE | "
-                     "precheck DIR REPO REVISION ENDPOINT TOKEN_FILE PRESENT_BYTES\n")
+    sys.stderr.write("usage: hub.py commit ENDPOINT REPO REVISION TOKEN_FILE DEADLINE | "
+                     "precheck DIR REPO REVISION ENDPOINT TOKEN_FILE PRESENT_BYTES DEADLINE\n")
     sys.exit(2)
 
 

@@ -65,18 +65,10 @@ def read_info(lock):
     try:
         if not stat.S_ISDIR(os.lstat(lock).st_mode):
             return None
-        fd = os.open(os.path.join(lock, "info"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except (OSError, ValueError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, INFO_LIMIT + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > INFO_LIMIT:
+    data = read_file(os.path.join(lock, "info"), INFO_LIMIT + 1)
+    if data is None or len(data) > INFO_LIMIT:
         return None
     try:
         text = data.decode("utf-8")
@@ -119,28 +111,14 @@ def expiry(path):
     return mtime(path) + NO_INFO_TTL
 
 
-def remove(path):
-    """Remove a file, link or directory tree at `path` (a link is removed, never followed)."""
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            for entry in os.scandir(path):
-                remove(entry.path)
-            os.rmdir(path)
-        else:
-            os.unlink(path)
-    except (OSError, RecursionError):
-        pass
-
-
 def owned(lock, digest):
     info = read_info(lock)
     return bool(info) and is_digest(digest) and info.get("token_sha256") == digest
 
 
-def write_info(path, fields):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("".join(f"{k}={fields[k]}\n" for k in KEYS if k in fields))
+def write_info(lock, fields):
+    """LOCK/info replaced whole (write_file: a temporary file and a rename)."""
+    write_file(os.path.join(lock, "info"), "".join(f"{k}={fields[k]}\n" for k in KEYS if k in fields).encode())
 
 
 def sweep(lock):
@@ -152,7 +130,7 @@ def sweep(lock):
         return
     for name in names:
         if name.startswith(base) and "." in name[len(base):] and NOW - mtime(os.path.join(state, name)) > STALE:
-            remove(os.path.join(state, name))
+            remove_tree(os.path.join(state, name))
 
 
 def acquire(lock, holder, digest, ttl, message):
@@ -168,7 +146,7 @@ def acquire(lock, holder, digest, ttl, message):
             # take the expired lock over: move it away, then make sure what moved is the expired
             # lock (not one another controller took meanwhile), else put it back
             moved = f"{lock}.expired.{os.getpid()}"
-            remove(moved)
+            remove_tree(moved)
             try:
                 os.rename(lock, moved)
             except OSError:
@@ -176,7 +154,7 @@ def acquire(lock, holder, digest, ttl, message):
             if moved:
                 if expiry(moved) == exp:
                     show(read_info(moved), "expired_")
-                    remove(moved)
+                    remove_tree(moved)
                 else:
                     try:
                         os.rename(moved, lock)
@@ -185,19 +163,19 @@ def acquire(lock, holder, digest, ttl, message):
     # the lock appears with its info in one rename: a controller killed at any point leaves no lock
     # or a complete one (a leftover temporary directory is not the lock; sweep removes it later)
     new = f"{lock}.new.{os.getpid()}"
-    remove(new)
+    remove_tree(new)
     fields = {"holder": one_line(holder), "token_sha256": digest,
               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW)), "expires": NOW + ttl,
               "message": one_line(message)}
     try:
         os.mkdir(new, 0o755)
-        write_info(os.path.join(new, "info"), fields)
+        write_info(new, fields)
         # rename(2) replaces an empty directory: the check keeps one an older nemofleet just made
         if os.path.lexists(lock):
             raise FileExistsError(lock)
         os.rename(new, lock)
     except OSError:
-        remove(new)
+        remove_tree(new)
         print("state=HELD")
         show(read_info(lock))
         return
@@ -214,7 +192,7 @@ def release(lock, digest, force):
         show(info)
         return
     gone = f"{lock}.released.{os.getpid()}"
-    remove(gone)
+    remove_tree(gone)
     try:
         os.rename(lock, gone)
     except FileNotFoundError:
@@ -222,7 +200,7 @@ def release(lock, digest, force):
         return
     if force:
         show(info, "released_")
-    remove(gone)
+    remove_tree(gone)
     print("state=RELEASED")
 
 
@@ -230,10 +208,7 @@ def refresh(lock, digest, ttl):
     info = read_info(lock)
     if owned(lock, digest):
         info["expires"] = NOW + ttl
-        tmp = os.path.join(lock, "info.tmp")
-        remove(tmp)
-        write_info(tmp, info)
-        os.rename(tmp, os.path.join(lock, "info"))
+        write_info(lock, info)
         print("state=REFRESHED")
         return
     print("state=LOST")

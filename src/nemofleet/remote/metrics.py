@@ -1,6 +1,6 @@
 """nemofleet-metrics: one read of this host's request metrics for the canary gate (fleet/rollout.py).
 
-    python3 -I -S metrics.py HEALTH_CONFIG AUTH_HEADER TIMEOUT
+    python3 -I -S metrics.py HEALTH_CONFIG AUTH_HEADER TIMEOUT DEADLINE
 
 Prints `@@gpu NAME` (the first GPU's name, as nvidia-smi gives it; empty without one), then for
 each instance with an API in HEALTH_CONFIG (the health program's config the deploy wrote, so the
@@ -8,15 +8,16 @@ instances of the release the host runs now) an `@@instance NAME` line and the li
 /metrics that the gate reads (canary.py): vLLM's request success counter and its TTFT and
 end-to-end latency histograms, and the HTTP server's request counter. /metrics is asked with the
 API key header read from AUTH_HEADER (0600), like the health program asks it; the key is never
-printed or put on a command line. An instance that does not answer within TIMEOUT seconds gets its
-`@@instance` line and nothing else. Standard library only; always exits 0.
+printed or put on a command line, and by the prelude's rule (http_request) no redirect is followed:
+an instance's answer is its own, and the key goes nowhere else. An instance whose whole answer has
+not come within TIMEOUT seconds, or not with 200, gets its `@@instance` line and nothing else; the
+run ends within DEADLINE seconds (below the controller's bound), an instance not asked by then
+likewise. Standard library only; always exits 0.
 """
 
-import json
 import re
 import subprocess
 import sys
-import urllib.request
 
 WANTED = re.compile(r"^(vllm:(request_success_total|time_to_first_token_seconds_bucket|"
                     r"e2e_request_latency_seconds_bucket)|http_requests_total)")
@@ -33,20 +34,13 @@ def gpu_name():
 
 def main(argv):
     config, auth_path, timeout = argv[1], argv[2], float(argv[3])
+    deadline(float(argv[4]))
     print(f"@@gpu {gpu_name()}")
-    try:
-        with open(config, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError):
-        return  # not deployed (yet): no instance
+    cfg = read_json(config)  # None: not deployed (yet), no instance
     headers = {}
-    try:
-        with open(auth_path, encoding="utf-8") as f:
-            name, sep, value = f.read(4096).strip().partition(":")
-        if sep and "\n" not in value:
-            headers[name.strip()] = value.strip()
-    except OSError:
-        pass
+    name, sep, value = (read_file(auth_path, 4096) or b"").decode("utf-8", "replace").strip().partition(":")
+    if sep and "\n" not in value:
+        headers[name.strip()] = value.strip()
     address = cfg.get("address") if isinstance(cfg, dict) else None
     if not isinstance(address, str) or not re.fullmatch(r"[0-9A-Fa-f.:\[\]]{2,60}", address):
         return
@@ -59,12 +53,13 @@ def main(argv):
             continue  # a headless worker (port 0) has no API
         print(f"@@instance {name}")
         try:
-            req = urllib.request.Request(f"http://{address}:{port}/metrics", headers=headers)
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                text = r.read(16 << 20).decode("utf-8", "replace")
+            status, body, _ = http_request(f"http://{address}:{port}/metrics", headers, limit=16 << 20,
+                                           seconds=timeout)
         except (OSError, ValueError):
             continue
-        for line in text.splitlines():
+        if status != 200:
+            continue
+        for line in body.decode("utf-8", "replace").splitlines():
             if WANTED.match(line):
                 print(line)
 

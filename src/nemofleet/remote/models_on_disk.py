@@ -9,13 +9,13 @@ path (weights_check.py, check mode), done here in the same python -- "marker_ok"
 the marker lists is still of its size (the deploy then asks no more).
 
 The files are input that may be wrong: a value of the wrong type is left out (the controller
-types what it reads, facts/schema.py), a file that is not a regular file is never read, and no
-file outside ROOT is looked at because of what a marker lists.
+types what it reads, facts/schema.py), a file that is not a regular file (a link, a FIFO) is
+never read and is no marker, and no file outside ROOT is looked at because of what a marker lists
+or through a link inside a model directory.
 """
 
 import json
 import os
-import stat
 import sys
 
 MARKER = ".nemofleet-complete"
@@ -23,54 +23,23 @@ CONFIG_KEYS = ("architectures", "max_position_embeddings", "num_key_value_heads"
                "hybrid_override_pattern", "num_hidden_layers", "num_nextn_predict_layers",
                # the testbed's tiny stand-in checkpoint marks itself (nemofleet plan says so)
                "nemofleet_tiny")
-JSON_LIMIT = 64 * 1024 * 1024
 SIZE_LIMIT = 2 ** 63
+CACHE = ".cache/huggingface/download"
 
 
 def is_size(n):
     return type(n) is int and 0 <= n < SIZE_LIMIT
 
 
-def is_inside(name):
-    if not isinstance(name, str) or not name or "\x00" in name or name.startswith("/"):
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
-
-
-def read_json(path):
-    """The JSON value of a regular file of at most JSON_LIMIT bytes, or None (a FIFO is not waited on)."""
+def incomplete_files(d):
+    """How many *.incomplete files huggingface_hub left in d's cache (a linked cache: none)."""
+    cache = open_dir(d, CACHE)
+    if cache is None:
+        return 0
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        os.set_blocking(fd, True)
-        data = os.read(fd, JSON_LIMIT + 1)
-        while data and len(data) <= JSON_LIMIT:
-            more = os.read(fd, JSON_LIMIT + 1 - len(data))
-            if not more:
-                break
-            data += more
-    except OSError:
-        return None
+        return sum(1 for _, _, names, _ in os.fwalk(".", dir_fd=cache) for n in names if n.endswith(".incomplete"))
     finally:
-        os.close(fd)
-    if len(data) > JSON_LIMIT:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-
-
-def size_of(path):
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+        os.close(cache)
 
 
 def describe(d):
@@ -83,19 +52,16 @@ def describe(d):
     cfg = read_json(os.path.join(d, "config.json"))
     if isinstance(cfg, dict):
         meta["config"] = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
-    meta["complete"] = os.path.exists(os.path.join(d, MARKER))
+    meta["complete"] = file_size(os.path.join(d, MARKER)) is not None
     m = read_json(os.path.join(d, MARKER))
     listed = m.get("files") if isinstance(m, dict) else None
     meta["revision"] = m["revision"] if isinstance(m, dict) and isinstance(m.get("revision"), str) else None
     if meta["revision"] is not None and isinstance(listed, dict) \
-            and all(is_inside(f) and is_size(n) for f, n in listed.items()) \
-            and all(size_of(os.path.join(d, f)) == n for f, n in listed.items()):
-        cache = os.path.join(d, ".cache", "huggingface", "download")
+            and all(is_size(n) and below(d, f, file_size) == n for f, n in listed.items()):
         marker_total = m.get("total_size")
         meta["marker_ok"] = {"present_bytes": sum(listed.values()),
                              "total_size": marker_total if is_size(marker_total) else None,
-                             "incomplete_files": sum(1 for _, _, ns in os.walk(cache)
-                                                     for n in ns if n.endswith(".incomplete"))}
+                             "incomplete_files": incomplete_files(d)}
     return meta
 
 

@@ -24,6 +24,10 @@ sentence on stderr and exit 1.
 audit: one line appended to AUDIT_LOG, `<UTC time> <operator> <event> <detail>`, the text made one
 printable line (a newline in it would forge a line of the log).
 
+The host's files are read and written by the prelude's rules: only regular files are read (a link or
+a FIFO where a record, a unit or the audit log should be is refused, never followed or waited on),
+and each file is replaced through a new temporary file and a rename, never written through a link.
+
 Every value is an argument (names read from the unit directory are arguments of the commands run,
 never shell words). Standard library only; never a traceback.
 """
@@ -31,7 +35,6 @@ never shell words). Standard library only; never a traceback.
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -61,11 +64,8 @@ def units(unit_dir, prefix):
 
 
 def read_text(path, limit=READ_LIMIT):
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
-    except OSError:
-        return None
+    data = read_file(path, limit)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def kept_id(record):
@@ -82,35 +82,32 @@ def do_read(release, unit_dir, prefix):
         print(one_line(line))
     h = hashlib.sha256()
     for u in units(unit_dir, prefix):
-        try:
-            with open(u, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 16), b""):
-                    h.update(chunk)
-        except OSError:
-            pass
+        h.update(read_file(u, READ_LIMIT) or b"")
     print(f"units_sha256={h.hexdigest()[:16]}")
 
 
 def copy(src, dst):
-    """Copy a file's bytes and mode to dst through a temporary name (dst never half-written)."""
-    tmp = f"{dst}.nemofleet-tmp"
-    shutil.copy(src, tmp)
-    os.replace(tmp, dst)
+    """dst replaced whole by the bytes of the regular file src (write_file: never half-written,
+    never written through a link)."""
+    data = read_file(src, READ_LIMIT + 1)
+    if data is None or len(data) > READ_LIMIT:
+        raise Refused(f"{src} is not a regular file of at most {READ_LIMIT} bytes: not copied")
+    write_file(dst, data)
 
 
 def do_keep(release, unit_dir, prefix, previous):
-    if not os.path.isfile(release):
+    if file_size(release) is None:
         raise Refused(f"no release record at {release} to keep")
     new = previous.rstrip("/") + ".new"
-    shutil.rmtree(new, ignore_errors=True)
+    remove_tree(new)
     os.makedirs(new)
     for u in units(unit_dir, prefix):
         try:
-            shutil.copy(u, os.path.join(new, os.path.basename(u)))
-        except OSError:
+            copy(u, os.path.join(new, os.path.basename(u)))
+        except (OSError, Refused):
             pass  # a unit that vanished meanwhile is not kept, as `cp` of a glob would skip it
-    shutil.copy(release, os.path.join(new, "release"))
-    shutil.rmtree(previous, ignore_errors=True)
+    copy(release, os.path.join(new, "release"))
+    remove_tree(previous)
     os.rename(new, previous)
 
 
@@ -138,7 +135,7 @@ def must(argv, seconds):
 
 def do_rollback(release, unit_dir, prefix, previous, drain, health_lock, expect, ready):
     kept = read_text(os.path.join(previous, "release"))
-    if kept is None or not os.path.isfile(os.path.join(previous, "release")):
+    if kept is None:
         raise Refused("no previous release kept on this host")
     if expect and kept_id(kept) != expect:
         raise Refused(f"the kept release is {kept_id(kept)}, not {one_line(expect)}: not rolling back")
@@ -156,11 +153,10 @@ def do_rollback(release, unit_dir, prefix, previous, drain, health_lock, expect,
                 pass
     for u in kept_units:
         copy(u, os.path.join(unit_dir, os.path.basename(u)))
-    if os.path.isfile(release):
-        try:
-            shutil.copy(release, release + ".rolled-back")
-        except OSError:
-            pass
+    try:
+        copy(release, release + ".rolled-back")
+    except (OSError, Refused):
+        pass
     copy(os.path.join(previous, "release"), release)
     must(["systemctl", "daemon-reload"], TIMEOUTS["daemon-reload"])
     front_door = os.path.isfile(drain) and os.access(drain, os.X_OK)
@@ -182,11 +178,7 @@ def do_audit(log, operator, event, detail):
     line = one_line(f"{operator} {event} {detail}")
     os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, f"{stamp} {line}\n".encode("utf-8", "replace"))
-    finally:
-        os.close(fd)
+    append_file(log, f"{stamp} {line}\n".encode("utf-8", "replace"))
 
 
 def main(argv):

@@ -1,6 +1,6 @@
 """nemofleet-smoke: one chat completion on this host, sent where a client on the host would send it.
 
-    python3 -I -S smoke.py MARK HEALTH_CONFIG AUTH_HEADER FRONT_DOOR_CFG TIMEOUT  < request.json
+    python3 -I -S smoke.py MARK HEALTH_CONFIG AUTH_HEADER FRONT_DOOR_CFG DEADLINE  < request.json
 
 stdin: the request body without the model, one JSON object ({"messages": [...], "max_tokens": N});
 the served model name is this host's own, read from its health program's config (HEALTH_CONFIG,
@@ -8,19 +8,21 @@ written by the deploy: each instance's port and served name, the address its por
 on, this host's part of a serving group). The request goes to the front door when the host has one
 (HAProxy's `frontend front_door`, bound on 127.0.0.1 in FRONT_DOOR_CFG), else to the first instance
 with an API. The API key is read from AUTH_HEADER (0600, the whole `Authorization: Bearer ...`
-line) and is never printed or put on a command line.
+line) and is never printed or put on a command line. The request follows no redirect (the
+prelude's http_request): the answer is the front door's or the instance's own, and the key goes
+nowhere else. The whole run, the answer's last byte included, ends within DEADLINE seconds.
 
 Prints the answer's body, then one marker line: `MARK http CODE SECONDS VIA` (CODE 000 when no HTTP
 answer came, with the reason as the body), `MARK error SENTENCE` or `MARK skip SENTENCE`
-(fleet/smoke.py parses it). Standard library only; always exits 0.
+(fleet/smoke.py parses it). A file that is a link, a FIFO or no regular file is not read (an
+error line). Standard library only; always exits 0.
 """
 
 import json
+import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.request
 
 
 def say(mark, kind, text):
@@ -37,11 +39,7 @@ def first_instance(cfg):
 
 def front_door_port(path):
     """The port of HAProxy's front_door frontend on 127.0.0.1, or None."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
-    except OSError:
-        return None
+    text = (read_file(path, 1 << 20) or b"").decode("utf-8", "replace")
     if not re.search(r"^frontend front_door$", text, re.M):
         return None
     m = re.search(r"^ *bind 127\.0\.0\.1:([0-9]{1,5})$", text, re.M)
@@ -49,24 +47,20 @@ def front_door_port(path):
 
 
 def main(argv):
-    mark, config, auth_path, front_cfg, timeout = argv[1:6]
-    try:
-        with open(auth_path, encoding="utf-8") as f:
-            auth = f.read(4096).strip()
-    except OSError:
-        return say(mark, "error", f"it has no API key file {auth_path}: deploy it first")
+    mark, config, auth_path, front_cfg, seconds = argv[1:6]
+    deadline(float(seconds))
+    auth = read_file(auth_path, 4096)
+    if auth is None:
+        return say(mark, "error", f"its API key file {auth_path} is not a regular file: deploy it again"
+                   if os.path.lexists(auth_path) else f"it has no API key file {auth_path}: deploy it first")
+    auth = auth.decode("utf-8", "replace").strip()
     name, sep, value = auth.partition(":")
     if not sep or name.strip().lower() != "authorization" or "\n" in auth:
         return say(mark, "error", f"its API key file {auth_path} is not one Authorization header line")
-    try:
-        with open(config, encoding="utf-8") as f:
-            cfg = json.load(f)
-        if not isinstance(cfg, dict):
-            raise ValueError("not an object")
-    except OSError:
-        return say(mark, "error", f"it has no {config}: deploy it first")
-    except ValueError:
-        return say(mark, "error", f"its {config} is not JSON: deploy it again")
+    cfg = read_json(config, 1 << 20)
+    if not isinstance(cfg, dict):
+        return say(mark, "error", f"its {config} is not JSON (or no regular file): deploy it again"
+                   if os.path.lexists(config) else f"it has no {config}: deploy it first")
     first = first_instance(cfg)
     if first is None:
         group = cfg.get("group")
@@ -90,15 +84,11 @@ def main(argv):
     except ValueError:
         return say(mark, "error", "the request on stdin is not a JSON object")
     data = json.dumps({"model": model, **body}).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={
-        "Content-Type": "application/json", name.strip(): value.strip()})
+    headers = {"Content-Type": "application/json", name.strip(): value.strip()}
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(req, timeout=float(timeout)) as r:
-            code, text = r.status, r.read(1 << 20)
-    except urllib.error.HTTPError as exc:
-        code, text = exc.code, exc.read(1 << 20)
-    except (OSError, ValueError) as exc:  # refused, timed out, reset: no HTTP answer
+        code, text, _ = http_request(url, headers, data, limit=1 << 20)
+    except (OSError, ValueError) as exc:  # refused, timed out, reset, the deadline, too long: no HTTP answer
         code, text = 0, str(getattr(exc, "reason", exc)).encode()
     seconds = time.monotonic() - t0
     print(text.decode("utf-8", "replace"))

@@ -14,8 +14,10 @@ Prints one JSON line: dir, exists, complete, marker, missing, truncated, incompl
 present_bytes, total_size (and, when the files were looked at, commit_ok and other_commits).
 
 Everything in DIR is input that may be wrong or hostile (an index from a mirror, a marker edited
-by hand, a file that is a FIFO or a symlink loop, names that are not UTF-8, numbers of any size):
-the check never crashes on it and never reads or removes a file outside DIR because of it. What
+by hand, a file that is a FIFO or a symlink loop, names that are not UTF-8, numbers of any size, a
+link a peer's copy planted): the check never crashes on it and never reads, writes or removes a
+file outside DIR because of it. A link is no file and a linked directory (a linked .cache) is never
+entered (the prelude's below()); the marker is written to a new temporary file, then renamed. What
 it cannot make sense of counts as missing or truncated (the file is fetched again), never as
 complete. A shard name that could leave DIR or be read as an option (`..`, `/x`, `-x`) makes the
 index itself count as truncated.
@@ -24,16 +26,14 @@ index itself count as truncated.
 import hashlib
 import json
 import os
-import stat
 import struct
 import sys
 
 MARKER = ".nemofleet-complete"
 INDEX = "model.safetensors.index.json"
-CACHE = os.path.join(".cache", "huggingface", "download")
-# an index or a marker is a few MB at most (a 232 GB checkpoint's index is about 2 MB);
-# a safetensors header is bounded the same way (the format caps it at 100 MB)
-JSON_LIMIT = 64 * 1024 * 1024
+CACHE = ".cache/huggingface/download"
+# an index or a marker is a few MB at most (a 232 GB checkpoint's index is about 2 MB: read_json's
+# 64 MB bound); a safetensors header is bounded the same way (the format caps it at 100 MB)
 HEADER_LIMIT = 100 * 1024 * 1024
 # a size or an offset no file system holds: anything larger (or negative) is not a size
 SIZE_LIMIT = 2 ** 63
@@ -43,84 +43,39 @@ def is_size(n):
     return type(n) is int and 0 <= n < SIZE_LIMIT
 
 
-def is_inside(name):
-    """A relative path that stays inside DIR (no absolute path, no `..`, no NUL)."""
-    if not isinstance(name, str) or not name or "\x00" in name or name.startswith("/"):
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
-
-
 def is_shard_name(name):
     """A file name the index may name: inside DIR and never taken for an option of `hf download`."""
     return is_inside(name) and all(part[0] not in "-." for part in name.split("/")) \
         and all(c.isprintable() for c in name) and len(name) <= 1024
 
 
-def open_regular(path):
-    """A file object for a regular file, or None: a FIFO, a device, a directory or a symlink
-    loop is never opened for reading (O_NONBLOCK: opening a FIFO does not wait for a writer)."""
+def metadata(d, name):
+    """The lines of huggingface_hub's metadata of file `name` (undecodable bytes replaced), or None."""
+    data = below(d, CACHE + "/" + name + ".metadata", read_file, 4096)
+    return None if data is None else data.decode("utf-8", "replace").split("\n")
+
+
+def incomplete_files(d):
+    """How many *.incomplete files huggingface_hub left in d's cache (a linked cache: none)."""
+    cache = open_dir(d, CACHE)
+    if cache is None:
+        return 0
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError):
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except OSError:
-        os.close(fd)
-        return None
-
-
-def read_json(path):
-    """The JSON value of a regular file of at most JSON_LIMIT bytes, or None."""
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        try:
-            data = f.read(JSON_LIMIT + 1)
-        except OSError:
-            return None
-    if len(data) > JSON_LIMIT:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-
-
-def read_lines(path, limit=4096):
-    """The lines of a small text file (huggingface_hub's metadata), undecodable bytes replaced."""
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        try:
-            return f.read(limit).decode("utf-8", "replace").split("\n")
-        except OSError:
-            return None
-
-
-def size_of(path):
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
+        return sum(1 for _, _, names, _ in os.fwalk(".", dir_fd=cache) for n in names if n.endswith(".incomplete"))
+    finally:
+        os.close(cache)
 
 
 def files(d):
-    """{relative name: size} of the regular files under d (not .cache, not the marker)."""
+    """{relative name: size} of the regular files under d (not .cache, not the marker); a link
+    is no file and a linked directory is not entered."""
     res = {}
     for root, dirs, names in os.walk(d):
         dirs[:] = [x for x in dirs if x != ".cache"]
         for n in names:
             p = os.path.join(root, n)
             rel = os.path.relpath(p, d)
-            size = size_of(p) if rel != MARKER else None
+            size = file_size(p) if rel != MARKER else None
             if size is not None:
                 res[rel] = size
     return res
@@ -136,12 +91,12 @@ def marker_files(marker):
     return listed
 
 
-def shard_intact(path, size):
-    """The safetensors file at `path` ends where its header says its last tensor ends."""
-    f = open_regular(path)
-    if f is None:
+def shard_intact(d, name, size):
+    """The safetensors file `name` ends where its header says its last tensor ends."""
+    fd = below(d, name, open_regular)
+    if fd is None:
         return False
-    with f:
+    with os.fdopen(fd, "rb") as f:
         try:
             head = f.read(8)
             if len(head) != 8:
@@ -166,12 +121,12 @@ def shard_intact(path, size):
     return 8 + n + end == size
 
 
-def sha256_of(path):
-    f = open_regular(path)
-    if f is None:
+def sha256_of(d, name):
+    fd = below(d, name, open_regular)
+    if fd is None:
         return None
     h = hashlib.sha256()
-    with f:
+    with os.fdopen(fd, "rb") as f:
         try:
             for chunk in iter(lambda: f.read(1 << 24), b""):
                 h.update(chunk)
@@ -189,15 +144,13 @@ def emit(out, code=0, msg=None):
 
 
 def unlink_truncated(d, out):
-    """clean: every truncated file and its huggingface_hub metadata removed (names of the index
-    are shard names, checked to stay inside d)."""
+    """clean: every truncated file and its huggingface_hub metadata removed: names of the index
+    are shard names inside d, and a link on the way (a linked .cache) is never followed; a link
+    itself is removed, never what it points at."""
     for name in out["truncated"]:
-        if not is_inside(name):
-            continue
-        for p in (os.path.join(d, name), os.path.join(d, CACHE, name + ".metadata")):
+        for rel in (name, CACHE + "/" + name + ".metadata"):
             try:
-                if os.path.lexists(p) and not os.path.isdir(p):
-                    os.unlink(p)
+                below(d, rel, os.unlink)
             except OSError:
                 pass
 
@@ -206,14 +159,12 @@ def check(d, rev, mode, out):
     marker = os.path.join(d, MARKER)
     if not out["exists"]:
         emit(out, 1 if mode in ("write", "full") else 0, "weights directory %s does not exist" % d)
-    cache = os.path.join(d, CACHE)
-    for _, _, names in os.walk(cache):
-        out["incomplete_files"] += sum(1 for n in names if n.endswith(".incomplete"))
+    out["incomplete_files"] = incomplete_files(d)
     if mode == "check":
         m = read_json(marker)
         listed = marker_files(m)
         if listed is not None and m.get("revision") == rev \
-                and all(size_of(os.path.join(d, f)) == s for f, s in listed.items()):
+                and all(below(d, f, file_size) == s for f, s in listed.items()):
             total = m.get("total_size")
             out.update(complete=True, marker=True, total_size=total if is_size(total) else None,
                        present_bytes=sum(listed.values()))
@@ -239,7 +190,7 @@ def check(d, rev, mode, out):
     for s in shards:
         if s not in sizes:
             out["missing"].append(s)
-        elif not shard_intact(os.path.join(d, s), sizes[s]):
+        elif not shard_intact(d, s, sizes[s]):
             out["truncated"].append(s)
     if "config.json" not in sizes:
         out["missing"].append("config.json")
@@ -247,18 +198,18 @@ def check(d, rev, mode, out):
         out["missing"].append("tokenizer.json")
     if mode == "full":
         for s in shards:
-            lines = read_lines(os.path.join(cache, s + ".metadata"))
+            lines = metadata(d, s)
             if not lines or len(lines) < 2 or s not in sizes:
                 continue
             etag = lines[1].strip()
-            if sha256_of(os.path.join(d, s)) != etag and s not in out["truncated"]:
+            if sha256_of(d, s) != etag and s not in out["truncated"]:
                 out["truncated"].append(s)
     out["complete"] = not (out["missing"] or out["truncated"])
     # which commit the files are of: line 1 of huggingface_hub's local-dir metadata per file. A copy
     # from a peer (or by hand) is trusted as `rev` only when every shard and config.json say so.
     commits = set()
     for s in shards + ["config.json"]:
-        lines = read_lines(os.path.join(cache, s + ".metadata"))
+        lines = metadata(d, s)
         commits.add(lines[0].strip() if lines else None)
     out["commit_ok"] = commits == {rev}
     out["other_commits"] = sorted(c for c in commits if c and c != rev)
@@ -274,10 +225,8 @@ def check(d, rev, mode, out):
         if not out["complete"]:
             emit(out, 1, "weights in %s are incomplete after download: missing %s, truncated %s" % (
                 d, ", ".join(out["missing"]) or "none", ", ".join(out["truncated"]) or "none"))
-        tmp = marker + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"revision": rev, "files": sizes, "total_size": out["total_size"]}, f, sort_keys=True)
-        os.rename(tmp, marker)
+        write_file(marker, json.dumps({"revision": rev, "files": sizes, "total_size": out["total_size"]},
+                                      sort_keys=True).encode())
         out["marker"] = True
     emit(out)
 
