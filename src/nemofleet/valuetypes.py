@@ -27,10 +27,29 @@ INT_MAX = 2**53
 SHOWN = 60
 
 
-# The credentials of a URL (`scheme://user:password@host`), wherever one stands in a shown value.
-# up to the last @ (a password may hold one); a URL written without its scheme (`user:pw@host`) too
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://|(?<![^\s'\"\[(,]))[^/?#\s'\"]*:[^/?#\s'\"]*@|"
-                       r"([A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s'\"]*@")
+# The credentials of a URL (`scheme://user:password@host`, or `user:password@host` written without
+# its scheme), wherever one stands in a shown value: each word (a run between blanks, quotes,
+# brackets and commas) is looked at once, so a 20,000-character value costs linear time.
+_WORD = re.compile(r"[^\s'\"\[\](),]+")
+
+
+def _hide_userinfo(word: str) -> str:
+    if "@" not in word:
+        return word
+    scheme, sep, rest = word.partition("://")
+    if not sep:
+        scheme, rest = "", word
+    host_part = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" not in host_part:
+        return word
+    userinfo = host_part.rsplit("@", 1)[0]  # up to the last @: a password may hold one
+    if not sep and ":" not in userinfo:
+        return word  # an e-mail address, not a URL's credentials
+    return f"{scheme}{sep}***@{rest[len(userinfo) + 1:]}"
+
+
+def hide_credentials(text: str) -> str:
+    return _WORD.sub(lambda m: _hide_userinfo(m.group(0)), text)
 
 
 def shown(value, limit: int = SHOWN) -> str:
@@ -43,13 +62,13 @@ def shown(value, limit: int = SHOWN) -> str:
         return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if is_int(value) else "a value"
     except RecursionError:
         return "a value nested too deeply to show"
-    text = _USERINFO.sub(lambda m: (m.group(1) or m.group(2) or "") + "***@", text)
+    text = hide_credentials(text)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def has_credentials(text: str) -> bool:
     """Whether a text holds a URL's credentials (user:password@ or user@ after a scheme)."""
-    return _USERINFO.search(text) is not None
+    return hide_credentials(text) != text
 
 
 def kind(value) -> str:

@@ -168,7 +168,7 @@ def test_data_values_are_one_sentence_and_exit_2(capsys, inv, monkeypatch):
     # pyinfra's own passwords and a URL holding credentials are never passed on either
     for pair in ("ssh_password=pw-Zq9", "sudo_password=pw-Zq9", "_sudo_password=pw-Zq9", "ssh_key_password=pw-Zq9",
                  "http_proxy=http://u:pw-Zq9@proxy.internal:3128", "https_proxy=user:pw-Zq9@proxy:3128",
-                 "hf_endpoint=http://u:pw-Zq9@mirror.internal", "pw-Zq9-without-a-key"):
+                 "hf_endpoint=http://u:pw-Zq9@mirror.internal"):
         for argv in (["rollout", inv], ["rebuild", inv, "h1"]):
             rc, out, err = run(capsys, *argv, "--data", pair)
             assert rc == 2 and "pw-Zq9" not in out + err and len(err.splitlines()) == 1, (pair, err)
