@@ -22,8 +22,6 @@ import threading
 import time
 from pathlib import Path
 
-from nemofleet.settings import DEFAULT_IMAGE  # the one pin of the vLLM image; releases are tags beside it
-
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ["a100-1", "h100-1", "h200-1"]
 RELEASES = ["slow", "flaky", "nf2"]
@@ -139,6 +137,10 @@ def converge() -> None:
 
 
 def one_release(release: str, bake: float) -> dict:
+    # the one pin of the vLLM image (releases are tags beside it); imported here, not at the top:
+    # this file is also copied onto a test host and run there as the load generator (load())
+    from nemofleet.settings import DEFAULT_IMAGE
+
     loads = {h: start_load(h) for h in HOSTS}
     time.sleep(3)  # the load flows before the rollout starts
     r = rollout(["--canary", "1", "--batch", "1", "--wait", "120", "--bake", str(bake),

@@ -138,6 +138,7 @@ def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
     want = desired()
     host.log(want.summary, logger.info)
+    preflight.say_if_dry(want.refusals)
     runlock.exempt(preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
                                      warnings=want.warnings))  # a refusal changes nothing: no lock for it
     return want

@@ -22,9 +22,6 @@ def verdict(refusals: list[str], warnings: list[str] | None = None):
         else:
             host.log(f"preflight warning: as said above for {first} ({w[:60].rstrip()}...)", logger.warning)
     if refusals:
-        if dry_run():  # --dry runs no command: say now what the failing one would say
-            for r in refusals:
-                host.log(f"preflight would refuse this host: {r}", logger.error)
         yield fail_command("\n".join(f"nemofleet refused {host.name}: {r}" for r in refusals))
         return
     host.noop("preflight passed")
@@ -34,3 +31,11 @@ def dry_run(argv=None) -> bool:
     """Whether this is `pyinfra --dry`: pyinfra decides it after the operations are prepared and
     keeps it out of its state, so the command line is what says it."""
     return "--dry" in (sys.argv if argv is None else argv)[1:]
+
+
+def say_if_dry(refusals: list[str]) -> None:
+    """Under --dry no operation runs (with -y not even its change detection), so the verdict's
+    failing command never says its sentences: say them now, while the deploy is prepared."""
+    if refusals and dry_run():
+        for r in refusals:
+            host.log(f"preflight would refuse this host: {r}", logger.error)
