@@ -122,7 +122,9 @@ def cmd_plan(a) -> int:
         commits = {}  # a facts file: no host to ask, a revision is planned as it is named
     result, rc = {}, 0
     fan, fan_lines = _plan_fanout(specs, facts)
-    typed = {h: _peer_facts(h, f, a.facts) for h, f in facts.items()}  # a member's unusable facts: PeerMissing
+    # a member's missing or unusable facts: PeerMissing with its sentence (not "outside this run")
+    members = {m for sp in specs.values() for m in sp.members}
+    typed = {h: _peer_facts(h, facts.get(h), a.facts) for h in {*facts, *members}}
     planned = {}
     for name in specs:
         f = facts.get(name)

@@ -131,7 +131,7 @@ def gather(specs: Mapping[str, HostSpec], facts: Mapping, *, hosts=None, commits
 
     `specs`: {host: HostSpec} of the run (serving group members' settings come from theirs);
     `facts`: {host: HostFacts, factmodel.Facts or factmodel.PeerMissing} (a member without an entry
-    refuses its group); `commits`: {host: {(endpoint, repo, revision): {"sha"} | {"error"}}} where a
+    is outside this run, which refuses its group: "deploy every member together"); `commits`: {host: {(endpoint, repo, revision): {"sha"} | {"error"}}} where a
     revision was resolved (asked from the host, HubCommit: never a key inside the facts);
     `seeds`: {host: weights_seed_from} of this run's fan-out; `lock_token`/`now`: the deploy lock
     this run may hold and the time (a lock in the facts refuses a run without its token)."""
@@ -140,7 +140,8 @@ def gather(specs: Mapping[str, HostSpec], facts: Mapping, *, hosts=None, commits
         sp = specs[name]
         s = sp.settings
         members = [m for m in sp.members if m != name]
-        peers = {m: factmodel.parse_peer(m, facts.get(m)) for m in members} if sp.members else None
+        # a member without an entry is outside this run (the plan says so: deploy the group together)
+        peers = {m: factmodel.parse_peer(m, facts[m]) for m in members if m in facts} if sp.members else None
         peer_settings = ({m: (specs[m].settings or "has bad settings ("
                               + "; ".join(specs[m].refusals)[:200] + ")") if m in specs else None
                           for m in members if m in specs} if sp.members else None)

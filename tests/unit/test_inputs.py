@@ -237,3 +237,20 @@ def test_the_fleet_layer_reads_a_serving_group_and_ssh_target_through_inputs():
     for port in ("22; id", 0, 70000, True, float("nan"), 10**5000):
         assert inputs.ssh_target({"ssh_port": port}, "h1")[1] == 22
     assert inputs.ssh_target({"ssh_hostname": "a\nb"}, "h1")[0] == "h1"
+
+
+def test_the_gatherer_tells_a_member_outside_the_run_from_one_without_facts():
+    """The deploy of one member (--limit a100-2) hands the gatherer no entry for the other: the group
+    is refused as "not part of this run"; `nemofleet plan` names a member it has no facts for as such."""
+    from test_multinode import group
+
+    specs = {h: spec.read(h, dict(group(), vllm_api_key=KEY), ("gpu_a100",)) for h in ("a100-1", "a100-2")}
+    alone = desired.decide(inputs.gather(specs, {"a100-2": member("10.0.0.2")}, hosts=["a100-2"])["a100-2"])
+    assert any("a100-1 is not part of this run (deploy every member of svl together" in r for r in alone.refusals), \
+        alone.refusals
+    from nemofleet.factmodel import PeerMissing
+
+    missing = PeerMissing(why="has no facts (unreachable, or not in the facts file)")
+    planned = desired.decide(inputs.gather(specs, {"a100-2": member("10.0.0.2"), "a100-1": missing},
+                                           hosts=["a100-2"])["a100-2"])
+    assert any("a100-1 has no facts" in r for r in planned.refusals), planned.refusals
