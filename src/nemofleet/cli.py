@@ -13,6 +13,7 @@
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
     nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
+    nemofleet bundle create INVENTORY -o FILE [--facts FILE] | verify FILE [INVENTORY] | show FILE
 """
 from __future__ import annotations
 
@@ -331,6 +332,13 @@ def cmd_smoke(a) -> int:
     if failed:
         print(f"smoke: {len(failed)} of {len(answers)} host(s) did not answer: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_bundle(a) -> int:
+    """nemofleet bundle create|verify|show (nemofleet.bundle)."""
+    from . import bundle
+
+    return bundle.main(a)
 
 
 def cmd_settings(a) -> int:
@@ -695,6 +703,21 @@ def parser() -> argparse.ArgumentParser:
     rd.add_argument("--wait", type=_seconds, default=1200)
     rd.add_argument("--data", action="append", default=[])
     rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
+    bd = add("bundle", "one signed file with every image, weight and package the plans need (air-gap)",
+             cmd_bundle,
+             "One signed file with every image, weight and package the inventory's plans need, for fleets\n"
+             "with no route out (docs/air-gap.md); the deploy takes them from it with --data bundle=FILE.")
+    bsub = bd.add_subparsers(dest="action", metavar="ACTION", required=True)
+    bc = bsub.add_parser("create", help="collect what the hosts' plans need, sign it, write FILE")
+    bc.add_argument("inventory")
+    bc.add_argument("-o", "--output", metavar="FILE", required=True, help="the bundle to write (a re-run resumes)")
+    bc.add_argument("--facts", metavar="FILE", help="plan from this facts JSON instead of reading the hosts")
+    bv = bsub.add_parser("verify", help="check the signature and every part's SHA-256")
+    bv.add_argument("file")
+    bv.add_argument("inventory", nargs="?", help="its bundle_allowed_signers_file is trusted (default: none)")
+    bv.add_argument("--allowed-signers", metavar="FILE", help="ssh-keygen allowed signers file (default: the "
+                    "inventory's bundle_allowed_signers_file, else ~/.config/nemofleet/allowed_signers)")
+    bsub.add_parser("show", help="what the bundle holds and whom it serves").add_argument("file")
     st = add("settings", "every host-data key with its type, default and meaning", cmd_settings)
     st.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/settings.md")
     add("models", "the model catalog: repository, precision, size, parsers", cmd_models)

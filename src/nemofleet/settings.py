@@ -480,6 +480,18 @@ KEYS: list[Key] = [
         "bootstrap", pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
     Key("nvidia_driver_key_file", (_S, _N), None, "its signing key (file on the controller)", "bootstrap",
         pattern=HOME_PATH),
+    # issue 50: one signed bundle for air-gapped fleets (nemofleet bundle; docs/air-gap.md)
+    Key("bundle", (_S, _N), None, "signed bundle on the controller the deploy takes every image, weight and "
+        "package from (nothing from a registry, mirror or repository)", "bootstrap", pattern=HOME_PATH),
+    Key("bundle_hf_endpoint", (_S, _N), None, "Hub or mirror the controller fetches weights from for "
+        "`nemofleet bundle create` (none: hf_endpoint)", "bootstrap", pattern=SAFE_URL),
+    Key("bundle_apt_repo", (_S, _N), None, "flat apt repository the controller fetches the toolkit's .deb files "
+        "from for `nemofleet bundle create` (none: container_toolkit_repo)", "bootstrap",
+        pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
+    Key("bundle_signing_key_file", (_S, _N), None, "SSH private key (controller) `nemofleet bundle create` signs "
+        "the manifest with (ssh-keygen -Y sign)", "bootstrap", pattern=HOME_PATH),
+    Key("bundle_allowed_signers_file", (_S, _N), None, "ssh-keygen allowed_signers file (controller) a bundle's "
+        "signer must be in (none: ~/.config/nemofleet/allowed_signers)", "bootstrap", pattern=HOME_PATH),
 ]
 
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}

@@ -1,0 +1,103 @@
+"""nemofleet bundle: a small synthetic bundle, signed and verified with the real ssh-keygen."""
+from __future__ import annotations
+
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from nemofleet import bundle, cli
+
+
+@pytest.fixture()
+def made(tmp_path):
+    """(bundle path, allowed signers, other signers) of a bundle with an image, weights and a package."""
+    keys = {}
+    for who in ("ops", "stranger"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(tmp_path / who)], check=True)
+        pub = (tmp_path / f"{who}.pub").read_text().split()
+        keys[who] = tmp_path / f"{who}.signers"
+        keys[who].write_text(f'{who}@fleet namespaces="{bundle.NAMESPACE}" {pub[0]} {pub[1]}\n')
+    parts = tmp_path / "parts"
+    files = {"images/abc.tar": (b"image bytes" * 100, {"purpose": "image", "image": "vllm/vllm-openai:v0.11.0"}),
+             "weights/m@1/config.json": (b"{}", {"purpose": "weights", "repo": "org/m", "revision": "1" * 40}),
+             "debs/haproxy_2.6_amd64.deb": (b"deb", {"purpose": "package", "package": "haproxy"})}
+    manifest = {"format": bundle.FORMAT, "created": "2026-12-07T00:00:00Z", "inventory": "t.py",
+                "plans": {"h1": {"model": "org/m@" + "1" * 40, "image": "vllm/vllm-openai:v0.11.0", "vllm": "0.11.0",
+                                 "gpu": "H100 80 GiB"}}, "parts": []}
+    for name, (data, meta) in files.items():
+        (parts / name).parent.mkdir(parents=True, exist_ok=True)
+        (parts / name).write_bytes(data)
+        import hashlib
+        manifest["parts"].append({"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                  **meta, "serves": ["h1"]})
+    out = tmp_path / "b.bundle"
+    lines = []
+    bundle.write(str(out), manifest, str(parts), str(tmp_path / "ops"), say=lines.append)
+    assert lines and lines[0].startswith(f"writing {out}: ")  # the size, before anything is written
+    return out, keys["ops"], keys["stranger"]
+
+
+def flip(path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_good_bundle_verifies_and_shows(made):
+    out, ok, _ = made
+    b = bundle.Bundle(str(out))
+    assert b.check_signature(str(ok)) == "ops@fleet"
+    seen = []
+    b.check_parts(say=seen.append)
+    assert len(seen) == 3
+    text = "\n".join(bundle.show(b))
+    assert "host h1: org/m@" in text and "haproxy" in text and "vLLM 0.11.0" in text
+    with b.part("images/abc.tar") as f:  # a part reads as a file of its own bytes
+        assert f.read() == b"image bytes" * 100
+        f.seek(0)
+        assert f.read(5) == b"image"
+
+
+def test_a_flipped_byte_in_a_part_is_one_sentence(made, capsys):
+    out, ok, _ = made
+    b = bundle.Bundle(str(out))
+    flip(out, b.members["weights/m@1/config.json"][0])
+    assert cli.main(["bundle", "verify", str(out), "--allowed-signers", str(ok)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "weights/m@1/config.json does not match its SHA-256" in err
+
+
+def test_an_unknown_signer_and_a_changed_manifest_are_refused(made, capsys):
+    out, ok, stranger = made
+    assert cli.main(["bundle", "verify", str(out), "--allowed-signers", str(stranger)]) == 1
+    assert "signed by a key that" in capsys.readouterr().err
+    b = bundle.Bundle(str(out))
+    at = b.members["manifest.json"][0] + b.manifest_bytes.index(b'"h1"') + 2  # the host's name, same length
+    flip(out, at)
+    assert cli.main(["bundle", "verify", str(out), "--allowed-signers", str(ok)]) == 1
+    assert "does not match its signature" in capsys.readouterr().err
+
+
+def test_show_and_not_a_bundle(made, tmp_path, capsys):
+    out, _, _ = made
+    assert cli.main(["bundle", "show", str(out)]) == 0
+    assert "3 parts" in capsys.readouterr().out
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"x" * 2000)
+    assert cli.main(["bundle", "show", str(junk)]) == 1
+    assert "is not a nemofleet bundle" in capsys.readouterr().err
+
+
+def test_a_host_needing_a_part_the_bundle_lacks_is_refused_naming_it(made):
+    out, _, _ = made
+    b = bundle.Bundle(str(out))
+    s = SimpleNamespace(install_nvidia_driver=False, install_container_toolkit=False, container_toolkit_version=None)
+    d = SimpleNamespace(repo="org/m", revision="1" * 40, directory="/srv/m@1")
+    want = SimpleNamespace(image="vllm/vllm-openai:v0.11.0", downloads=[d], front_door=True)
+    assert bundle.refusals(b, want, s) == []
+    want.downloads = [SimpleNamespace(repo="org/other", revision="2" * 40, directory="/srv/o")]
+    [why] = bundle.refusals(b, want, s)
+    assert "lacks the weights org/other@222222222222" in why
+    assert "install_nvidia_driver" in bundle.refusals(b, want, SimpleNamespace(install_nvidia_driver=True))[0]
