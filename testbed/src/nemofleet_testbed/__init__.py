@@ -191,7 +191,7 @@ def start_mirror(state: dict) -> None:
     if _reuse_mirror(MIRROR, hf):
         return
     src = Path(__file__).parent / "hfmirror.py"
-    docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK,
+    docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK, "-p", f"127.0.0.1::{MIRROR_PORT}",
            "--network-alias", MIRROR_ALIAS, "-v", f"{hf}:/srv/hf", "-v", f"{src}:/opt/hfmirror.py:ro",
            state["host_image"], "python3", "/opt/hfmirror.py", "--root", "/srv/hf/repos",
            "--port", str(MIRROR_PORT), "--log", "/srv/hf/requests.log")
@@ -202,8 +202,15 @@ def start_pkg_mirror(state: dict) -> None:
     if _reuse_mirror(PKG_MIRROR, testbed_dir() / "apt" / "repo"):
         return
     docker("run", "-d", "--name", PKG_MIRROR, "--label", LABEL, "--network", NETWORK,
-           "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
+           "-p", f"127.0.0.1::{PKG_MIRROR_PORT}", "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
            state["host_image"], "python3", "-m", "http.server", str(PKG_MIRROR_PORT), "--directory", "/srv/repo")
+
+
+def local_url(name: str, port: int) -> str | None:
+    """The controller's URL of a mirror, published on 127.0.0.1 (for `nemofleet bundle create`):
+    None for one started before it was published."""
+    out = docker("port", name, f"{port}/tcp", check=False).stdout.split()
+    return f"http://{out[0]}" if out and out[0].startswith("127.0.0.1:") else None
 
 
 def stop_mirror() -> None:
@@ -365,6 +372,13 @@ def ensure_secrets() -> None:
     if not seed.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nemofleet-weights-seed",
                         "-f", str(seed)], check=True)
+    # the key `nemofleet bundle create` signs with, and the allowed signers file that trusts it alone
+    sign = testbed_dir() / "bundle_ed25519"
+    if not sign.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "nemofleet-testbed-bundle",
+                        "-f", str(sign)], check=True)
+    pub = (testbed_dir() / "bundle_ed25519.pub").read_text().split()
+    (testbed_dir() / "allowed_signers").write_text(f'testbed@nemofleet namespaces="nemofleet-bundle" {pub[0]} {pub[1]}\n')
 
 
 def raise_inotify_limit(want: int = 1024) -> None:
@@ -409,7 +423,8 @@ def up(profile: str = "default", only: list[str] | None = None, demo: bool = Fal
         hosts[host] = {"port": port, "group": spec.get("group"), "gpus": len(spec["gpus"]), "data": spec.get("data") or {},
                        **({"serving_group": spec["serving_group"]} if spec.get("serving_group") else {})}
     state.update(hosts=hosts, profile=profile, key=str(ensure_key()), outer=outer_host(),
-                 mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}")
+                 mirror_url=f"http://{MIRROR_ALIAS}:{MIRROR_PORT}", mirror_local_url=local_url(MIRROR, MIRROR_PORT),
+                 apt_local_url=local_url(PKG_MIRROR, PKG_MIRROR_PORT))
     write_state(state)
     waiting = [host for host in hosts if (not only or host in only) and host in profiles]
     for host in waiting:  # they boot in parallel; allow for a large fleet on a small machine

@@ -40,6 +40,12 @@ def data() -> dict:
     container_toolkit_version = "1.18.0-1"
     nvidia_driver_repo = _s.get("apt_driver_repo_url")
     nvidia_driver_key_file = _s.get("apt_key_file")
+    # `nemofleet bundle create` on this controller: the mirrors as published on 127.0.0.1, the
+    # testbed's signing key and the allowed signers file that trusts it (docs/air-gap.md)
+    bundle_hf_endpoint = _s.get("mirror_local_url")
+    bundle_apt_repo = _s["apt_local_url"] + "/stable/deb/$(ARCH)" if _s.get("apt_local_url") else None
+    bundle_signing_key_file = str(testbed_dir() / "bundle_ed25519")
+    bundle_allowed_signers_file = str(testbed_dir() / "allowed_signers")
 
     # `make test-real-vllm`: the real vLLM server (CPU build) and a tiny Llama through the same
     # mirror -> weights -> unit path (tests/real_vllm/test_server.py records them in the state)
