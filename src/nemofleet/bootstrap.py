@@ -85,7 +85,17 @@ def install(s: Settings) -> bool | None:
         drv_source, why = _source(s, "nvidia_driver", s.nvidia_driver_repo, DRIVER_KEYRING, DRIVER_LIST)
         refusals += [why] if why else []
     tk_version = s.container_toolkit_version
-    if want_toolkit:
+    tk_debs = None
+    if want_toolkit and s.bundle:  # from the signed bundle's .deb files: no repository, no key
+        from . import bundle  # noqa: PLC0415 (below bootstrap: it reads and verifies only)
+
+        b, why = bundle.for_host(s)
+        refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
+        tk_debs = [(n, *bundle.upload(b, n)) for n in bundle.debs(b, TOOLKIT_PACKAGES, tk_version)] if b else []
+        if b and len(tk_debs) < len(TOOLKIT_PACKAGES):
+            refusals.append(f"the bundle {s.bundle} lacks the NVIDIA Container Toolkit {tk_version} packages this host "
+                            "installs: make a new bundle from this inventory (nemofleet bundle create)")
+    elif want_toolkit:
         tk_source, why = _source(s, "container_toolkit", s.container_toolkit_repo,
                                  TOOLKIT_KEYRING, TOOLKIT_LIST)
         refusals += [r for r in (packages.check_pin("container_toolkit_version", tk_version), why) if r]
@@ -113,7 +123,7 @@ def install(s: Settings) -> bool | None:
     if want_toolkit:
         packages.pinned(name=f"NVIDIA Container Toolkit {tk_version} (pinned, held)", packages=TOOLKIT_PACKAGES,
                         version=tk_version, pin_file="/etc/apt/preferences.d/nvidia-container-toolkit",
-                        label="NVIDIA Container Toolkit", source=tk_source, conflicting=TOOLKIT_OLD_LISTS,
+                        label="NVIDIA Container Toolkit", source=tk_source, conflicting=TOOLKIT_OLD_LISTS, debs=tk_debs,
                         # Docker finds the toolkit's hook (--gpus) only when it starts
                         after_install="if systemctl is-active -q docker; then systemctl restart docker; fi")
     return pending

@@ -336,9 +336,10 @@ def cmd_smoke(a) -> int:
 
 def cmd_bundle(a) -> int:
     """nemofleet bundle create|verify|show (nemofleet.bundle)."""
-    from . import bundle
+    from .fleet import bundle
 
-    return bundle.main(a)
+    return bundle.main(a, lambda inv, path: _facts_file(path) if path else gather_facts(inv, []),
+                       lambda inv: host_specs(inv, []))
 
 
 def cmd_settings(a) -> int:

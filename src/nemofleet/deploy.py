@@ -16,7 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, factmodel, fanout, inputs, paths, render, runlock, spec
+from . import bootstrap, bundle, factmodel, fanout, inputs, paths, render, runlock, spec
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .facts.host import HostFacts, known_reads
@@ -136,7 +136,10 @@ def desired() -> Desired:
 @deploy("nemofleet preflight")
 def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
-    want = desired()
+    i = host_inputs()
+    want = decide(i)
+    if want.ok:  # a bundle's signature, and the parts this host takes from it, before any change
+        want.refusals += bundle.preflight(want, i.settings, i.facts, bootstrap.TOOLKIT_PACKAGES)
     host.log(want.summary, logger.info)
     preflight.say_if_dry(want.refusals)
     runlock.exempt(preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
@@ -224,11 +227,21 @@ def configure_host(want: Desired) -> set:
 
 
 def _fetch_weights(want: Desired, op=OPS) -> None:
-    op.docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
+    b = want.bundle  # with a bundle: every part from it, nothing from a registry or mirror
+    op.docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive,
+                    part=b and _parts(b, [b.find("image", image=want.image)[0]["path"]])[0])
     for d in want.downloads:
         op.weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
                          directory=d.directory, image=want.image, endpoint=d.endpoint, token_file=d.token_file,
-                         full_verify=d.full_verify, seed=d.seed, link_from=d.link_from)
+                         full_verify=d.full_verify, seed=d.seed, link_from=d.link_from,
+                         parts=b and _parts(b, [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision)],
+                                            lambda p: b.parts[p]["file"]))
+
+
+def _parts(b, names, rename=lambda name: name) -> list[tuple]:
+    """[(name, its bytes as a file, SHA-256)] of a bundle's parts, as the operations upload them
+    (a part's file is opened at its first read: nothing is read for a host that needs nothing)."""
+    return [(rename(n), *bundle.upload(b, n)) for n in names]
 
 
 @deploy("nemofleet weights")
@@ -308,7 +321,8 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
     (never restarted) only when its config or keys change. The same steps set up a host's front
     door and the fleet gateway (`gateway()` below, label "Gateway")."""
     installing = op.packages.will_install(packages=["haproxy"])
-    op.packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"])
+    op.packages.installed(name=f"{label}: HAProxy (distribution package)", packages=["haproxy"],
+                          debs=want.bundle and _parts(want.bundle, bundle.debs(want.bundle, ["haproxy"])))
     door_changed: set = set()
     if want.front_door_files:
         door_changed |= op.files.will_change(files=want.front_door_files)

@@ -77,6 +77,7 @@ class Desired:
     # weights
     image: str = ""
     image_archive: str | None = None
+    bundle: object = None  # the signed nemofleet.bundle.Bundle the parts come from (deploy.run_preflight)
     downloads: list[Download] = field(default_factory=list)
     prune: list[str] = field(default_factory=list)  # weights directories no release here uses
     # serving

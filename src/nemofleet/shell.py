@@ -41,3 +41,10 @@ def own_names(names: Iterable, pattern: str) -> list[str]:
     hostile name such as `$(touch x)` or `*` -- is never named in a command."""
     rx = re.compile(pattern)
     return [n for n in names if isinstance(n, str) and rx.fullmatch(n)]
+
+
+def sha256_check(path: str, sha256: str, what: str) -> str:
+    """`path` (on the host) has this SHA-256, else it is removed and the command fails saying so
+    (a part of a signed bundle, checked on arrival)."""
+    return (f"echo {quote(sha256 + '  ' + path)} | timeout 3600 sha256sum -c --quiet >/dev/null 2>&1 || "
+            f"{{ rm -f {quote(path)}; {say(f'{what} arrived changed: its SHA-256 does not match the signed manifest')}; exit 1; }}")

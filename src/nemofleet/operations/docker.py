@@ -34,20 +34,25 @@ def attached_reads(containers) -> tuple:
 
 @reads_with(lambda ref, **_: image_reads(ref))
 @operation(is_idempotent=True)
-def image(ref: str, archive: str | None = None):
-    """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or `docker pull`
-    (through the registry mirror). A present image is never pulled again."""
+def image(ref: str, archive: str | None = None, part: tuple | None = None):
+    """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or from a part of
+    a signed bundle, `part` = (name, file, SHA-256), checked on the host before it is loaded, or
+    `docker pull` (through the registry mirror). A present image is never pulled again."""
     if fact(*image_reads(ref)) is not None:
         host.noop(f"image {ref} is present")
         return
     q = shell.quote
-    if archive:
-        if not os.path.isfile(archive):
+    if part or archive:
+        if not part and not os.path.isfile(archive):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return
+        name, src, sha = part or (archive, archive, None)
+        archive = name  # as the sentences below name it
         # one name per archive (the deploy lock keeps two runs off one host), removed either way
         tmp = f"/var/tmp/nemofleet-image-{os.path.basename(archive)}"
-        yield FileUploadCommand(archive, tmp, remote_temp_filename=tmp)
+        yield FileUploadCommand(src, tmp, remote_temp_filename=tmp)
+        if sha:
+            yield StringCommand("sh", "-c", q(shell.sha256_check(tmp, sha, f"the bundle's part {name}")))
         yield StringCommand("sh", "-c", q(
             f"timeout {LOAD_TIMEOUT} docker load -q -i {q(tmp)} >/dev/null; rc=$?; rm -f {q(tmp)}; "
             f"[ $rc -ne 124 ] || {shell.fail(f'docker load of {archive} did not finish within {LOAD_TIMEOUT} s')}; "

@@ -13,7 +13,7 @@ import fnmatch
 import hashlib
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from ..facts.packages import AptPackages
 from ..facts.prefetch import fact
@@ -35,6 +35,28 @@ def apt_script(update: str, install_opts: str, names: str, update_failed: str, i
             f"out=$({update} 2>&1) || {{ printf '%s\\n' \"$out\" | tail -5 >&2; {shell.say(update_failed)}; exit 1; }}; "
             f"out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q {install_opts} {names} 2>&1) || "
             f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; {shell.say(install_failed)}; exit 1; }}")
+
+
+DEB_DIR = "/var/tmp/nemofleet-debs"
+
+
+def from_debs(debs: list, install_opts: str, label: str):
+    """Install .deb files of a signed bundle, [(name, bytes, SHA-256)]: each checked on arrival,
+    then `apt-get install ./x.deb` (no repository, no index: the hosts have no tools to build one)."""
+    if not debs:
+        yield StringCommand("sh", "-c", shell.quote(shell.fail(f"the bundle holds no .deb for {label}")))
+        return
+    yield cmd("mkdir", "-p", "--", DEB_DIR)
+    files = [f"{DEB_DIR}/{name.rsplit('/', 1)[-1]}" for name, _, _ in debs]
+    for (name, src, sha), path in zip(debs, files):
+        yield FileUploadCommand(src, path)
+        yield StringCommand("sh", "-c", shell.quote(shell.sha256_check(path, sha, f"the bundle's part {name}")))
+    q = shell.quote
+    yield StringCommand("sh", "-c", q(
+        f"export DEBIAN_FRONTEND=noninteractive; out=$(timeout {APT_INSTALL_TIMEOUT} apt-get install -y -q "
+        f"{install_opts} {' '.join(q(p) for p in files)} 2>&1); rc=$?; rm -rf {DEB_DIR}; [ $rc -eq 0 ] || "
+        f"{{ printf '%s\\n' \"$out\" | grep -E '^E:' | head -3 >&2; "
+        f"{shell.say(f'apt could not install {label} from the bundle (a dependency the host lacks?)')}; exit 1; }}"))
 
 
 def dearmor(key: bytes) -> bytes:
@@ -73,13 +95,15 @@ def pin_text(packages: list[str], version: str, why: str) -> str:
 
 @operation(is_idempotent=True)
 def pinned(packages: list[str], version: str, pin_file: str, label: str, source: dict | None = None,
-           conflicting: list[str] | None = None, after_install: str | None = None, changed: set | None = None):
+           conflicting: list[str] | None = None, after_install: str | None = None, changed: set | None = None,
+           debs: list | None = None):
     """`packages` installed at `version` (exact, or a glob like '580.*'), pinned and held.
 
     source: {"list": path, "line": "deb [signed-by=KEYRING] URL /", "keyring": path, "key": bytes}
     (None: the host's own apt sources). conflicting: old source lists that make apt fail
     ("Conflicting values set for option Signed-By"), removed. after_install runs only when
-    packages were installed or changed; `changed` gets `label` then.
+    packages were installed or changed; `changed` gets `label` then. debs: [(name, bytes, SHA-256)]
+    of a signed bundle, installed from the files instead of any repository (source is then None).
     """
     files: dict[str, bytes] = {pin_file: pin_text(packages, version, f"pin {label} to {version}").encode()}
     if source:
@@ -110,11 +134,15 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
         exact = not any(c in version for c in "*?[")
         names = " ".join(q(f"{p}={version}" if exact else p) for p in packages)
         where = source["line"].split("]")[-1].strip() if source else "the host's apt sources"
-        yield StringCommand("sh", "-c", q(apt_script(
-            update, "--allow-downgrades --allow-change-held-packages -o DPkg::Lock::Timeout=120 "
-            "-o Acquire::http::Timeout=30 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold",
-            names, f"apt-get update failed for {label} ({where}, or took over {APT_UPDATE_TIMEOUT} s); nothing was installed",
-            f"apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)")))
+        opts = ("--allow-downgrades --allow-change-held-packages -o DPkg::Lock::Timeout=120 "
+                "-o Acquire::http::Timeout=30 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold")
+        if debs is not None:
+            yield from from_debs(debs, opts, f"{label} {version}")
+        else:
+            yield StringCommand("sh", "-c", q(apt_script(
+                update, opts, names,
+                f"apt-get update failed for {label} ({where}, or took over {APT_UPDATE_TIMEOUT} s); nothing was installed",
+                f"apt could not install {label} {version} from {where} (or it took over {APT_INSTALL_TIMEOUT} s)")))
         if after_install:
             yield StringCommand("sh", "-c", q(after_install))
     yield StringCommand(shell.join(["timeout", 120, "apt-mark", "hold", *packages]), ">/dev/null")
@@ -134,12 +162,16 @@ def will_install(packages: list[str]) -> list[str]:
 
 @reads_with(lambda packages, **_: installed_reads(packages))
 @operation(is_idempotent=True)
-def installed(packages: list[str]):
+def installed(packages: list[str], debs: list | None = None):
     """The distribution's packages installed (any version; e.g. haproxy for the front door). One
-    fact, read ahead with the rest; when one is missing: apt-get update then install, both bounded."""
+    fact, read ahead with the rest; when one is missing: apt-get update then install, both bounded
+    (with `debs` of a signed bundle: from those files, see from_debs)."""
     missing = will_install(packages)
     if not missing:
         host.noop(f"{', '.join(packages)} installed")
+        return
+    if debs is not None:
+        yield from from_debs(debs, "--no-install-recommends -o DPkg::Lock::Timeout=120", ", ".join(missing))
         return
     names = " ".join(shell.quote(p) for p in missing)
     yield StringCommand("sh", "-c", shell.quote(apt_script(

@@ -4,13 +4,15 @@ verify offline, resume by re-fetching only what is missing or truncated, never r
 
 from __future__ import annotations
 
+import io
+import os
 import re
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from .. import paths, remote, shell
-from . import cmd
+from . import cmd, fail_command
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
 from . import reads_with
@@ -213,14 +215,15 @@ def model_reads(directory: str, revision: str, full_verify: bool) -> tuple:
 @operation(is_idempotent=True)
 def model(repo: str, revision: str, directory: str, image: str, endpoint: str | None = None,
           token_file: str | None = None, full_verify: bool = False, seed: dict | None = None,
-          link_from: tuple[str, str] | None = None):
+          link_from: tuple[str, str] | None = None, parts: list | None = None):
     """Weights of repo@revision complete in `directory` (completion marker written last).
 
     The marker names the revision it was written for, and files copied in (from a peer, by hand,
     or hard-linked from another commit's directory) count only when huggingface_hub's metadata says
     they are of this commit: a new revision always reaches the Hub (or its mirror). `link_from`:
     (directory, commit) of a complete copy of the same repo whose files are hard-linked in first,
-    so `hf download` fetches only what changed between the two commits (nothing for the same one)."""
+    so `hf download` fetches only what changed between the two commits (nothing for the same one).
+    `parts`: [(file, its bytes, SHA-256)] from a signed bundle, placed instead of any download."""
     status = fact(*model_reads(directory, revision, full_verify))
     if status and status["complete"] and status["marker"]:
         host.noop(f"{repo}@{revision[:12]} is complete in {directory}")
@@ -228,6 +231,10 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
     pinned = is_commit(revision)
     if status and status["complete"] and (status.get("commit_ok") or not pinned):
         # complete but unmarked (seeded from a peer, or downloaded by hand): verify and mark only
+        yield check_command(directory, revision, "write")
+        return
+    if parts is not None:
+        yield from from_bundle(directory, parts)
         yield check_command(directory, revision, "write")
         return
     files: list[str] = []
@@ -241,6 +248,28 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         repo, revision, directory, image, endpoint, token_file, files, cleanup,
         (status or {}).get("present_bytes", 0), seed=seed, link_from=linked)))
     yield check_command(directory, revision, "write")
+
+
+BUNDLE_SUMS = ".cache/nemofleet-bundle.sha256"
+
+
+def from_bundle(directory: str, parts: list):
+    """Each file of the weights from the bundle into `directory`, then every one checked on the
+    host against its SHA-256 in the signed manifest (the weights check then writes the marker)."""
+    if any(rel.startswith("/") or ".." in rel.split("/") for rel, _, _ in parts):
+        yield fail_command("the bundle names a weights file outside its directory: refused")
+        return
+    yield cmd("mkdir", "-p", "--", *sorted({os.path.dirname(f"{directory}/{rel}") for rel, _, _ in parts}))
+    for rel, src, _ in parts:
+        yield FileUploadCommand(src, f"{directory}/{rel}")
+    sums = "".join(f"{sha}  {rel}\n" for rel, _, sha in parts).encode()
+    yield FileUploadCommand(io.BytesIO(sums), f"{directory}/{BUNDLE_SUMS}")
+    q = shell.quote
+    yield StringCommand("sh", "-c", q(
+        f"cd {q(directory)} && timeout 3600 sha256sum -c --quiet {BUNDLE_SUMS} >/dev/null 2>&1; rc=$?; "
+        f"rm -f {BUNDLE_SUMS}; [ $rc -eq 0 ] || "
+        + shell.fail(f"the weights from the bundle arrived changed in {directory}: a file's SHA-256 does not match "
+                     "the signed manifest")))
 
 
 def is_commit(revision: str) -> bool:
