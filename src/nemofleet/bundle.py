@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 
 NAMESPACE = "nemofleet-bundle"
 FORMAT = "nemofleet-bundle/1"
@@ -260,13 +261,21 @@ def for_host(s) -> tuple[Bundle | None, str | None]:
     return _checked(os.path.expanduser(s.bundle), s.bundle_allowed_signers_file or DEFAULT_SIGNERS)
 
 
+_HASHING = threading.Lock()  # the hosts' preflights run side by side: one hashes a part, the others wait
+
+
 @functools.lru_cache(maxsize=4096)
-def _part_problem(b: Bundle, name: str) -> str | None:
+def _hashed(b: Bundle, name: str) -> str | None:
     try:
         b.check_parts_named([name])
     except BundleError as exc:
         return str(exc)
     return None
+
+
+def _part_problem(b: Bundle, name: str) -> str | None:
+    with _HASHING:
+        return _hashed(b, name)
 
 
 def preflight(want, s, facts, toolkit=()) -> list[str]:
