@@ -104,7 +104,7 @@ def made(bed, tmp_path_factory):
     yield out
     for h in HOSTS:
         on(h, COUNT_DROP, check=False)
-    testbed.docker("start", testbed.MIRROR, testbed.PKG_MIRROR, check=False)
+    testbed.start_mirrors()
 
 
 def test_a_bad_bundle_refuses_before_anything_changes(made, tmp_path):

@@ -213,6 +213,15 @@ def local_url(name: str, port: int) -> str | None:
     return f"http://{out[0]}" if out and out[0].startswith("127.0.0.1:") else None
 
 
+def start_mirrors() -> None:
+    """Start the stopped Hub and package mirrors again; their published ports are new, so the
+    state records them again."""
+    docker("start", MIRROR, PKG_MIRROR, check=False)
+    state = read_state()
+    state.update(mirror_local_url=local_url(MIRROR, MIRROR_PORT), apt_local_url=local_url(PKG_MIRROR, PKG_MIRROR_PORT))
+    write_state(state)
+
+
 def stop_mirror() -> None:
     docker("stop", "-t", "1", MIRROR, check=False)
 
