@@ -708,17 +708,20 @@ def parser() -> argparse.ArgumentParser:
              cmd_bundle,
              "One signed file with every image, weight and package the inventory's plans need, for fleets\n"
              "with no route out (docs/air-gap.md); the deploy takes them from it with --data bundle=FILE.")
-    bsub = bd.add_subparsers(dest="action", metavar="ACTION", required=True)
-    bc = bsub.add_parser("create", help="collect what the hosts' plans need, sign it, write FILE")
-    bc.add_argument("inventory")
-    bc.add_argument("-o", "--output", metavar="FILE", required=True, help="the bundle to write (a re-run resumes)")
-    bc.add_argument("--facts", metavar="FILE", help="plan from this facts JSON instead of reading the hosts")
-    bv = bsub.add_parser("verify", help="check the signature and every part's SHA-256")
-    bv.add_argument("file")
+    bsub = bd.add_subparsers(dest="action", metavar="ACTION", required=True, help="create, verify or show")
+    bc = bsub.add_parser("create", help="collect what the hosts' plans need, sign it, write FILE",
+                         formatter_class=_Formatter)
+    bc.add_argument("inventory", help=COMMON_HELP["inventory"])
+    bc.add_argument("-o", "--output", metavar="FILE", required=True,
+                    help="the bundle to write (no default; a re-run resumes from FILE.parts/)")
+    bc.add_argument("--facts", metavar="FILE", help="plan from this facts JSON instead of reading the hosts "
+                    "(default: read them over SSH)")
+    bv = bsub.add_parser("verify", help="check the signature and every part's SHA-256", formatter_class=_Formatter)
+    bv.add_argument("file", help="the bundle")
     bv.add_argument("inventory", nargs="?", help="its bundle_allowed_signers_file is trusted (default: none)")
     bv.add_argument("--allowed-signers", metavar="FILE", help="ssh-keygen allowed signers file (default: the "
                     "inventory's bundle_allowed_signers_file, else ~/.config/nemofleet/allowed_signers)")
-    bsub.add_parser("show", help="what the bundle holds and whom it serves").add_argument("file")
+    bsub.add_parser("show", help="what the bundle holds and whom it serves").add_argument("file", help="the bundle")
     st = add("settings", "every host-data key with its type, default and meaning", cmd_settings)
     st.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/settings.md")
     add("models", "the model catalog: repository, precision, size, parsers", cmd_models)

@@ -11,7 +11,7 @@ import pytest
 
 from nemofleet import cli
 
-COMMANDS = ["plan", "status", "smoke", "rollout", "rollback", "lock", "rebuild", "settings", "models", "testbed"]
+COMMANDS = ["plan", "status", "smoke", "rollout", "rollback", "lock", "rebuild", "bundle", "settings", "models", "testbed"]
 
 
 def run(capsys, *argv):

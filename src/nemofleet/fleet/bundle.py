@@ -13,6 +13,7 @@ Layer: fleet (it reads the hosts' plans); the CLI hands it the specs and facts.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from . import driver
 from ..bundle import CHUNK, FORMAT, MAX_MANIFEST, Bundle, BundleError, _sha256, _size, allowed_signers, show, weights_part, write
 
 HTTP_TIMEOUT = 60  # seconds without a byte from the mirror before a fetch fails
@@ -34,7 +36,6 @@ def _plans(inventory: str, specs: dict, facts: dict, from_file: bool, say) -> di
     from .. import inputs
     from ..desired import decide
     from ..spec import to_resolve
-    from . import driver
 
     commits = {} if from_file else (driver.resolve_commits(inventory, {h: to_resolve(sp) for h, sp in specs.items()
                                                                         if h in facts}) or {})
@@ -72,8 +73,8 @@ def _get(url: str, dest: str | None = None):
             with open(dest + ".part", "wb") as f:
                 shutil.copyfileobj(r, f, CHUNK)
             os.replace(dest + ".part", dest)
-    except OSError as exc:
-        raise BundleError(f"could not fetch {url}: {getattr(exc, 'reason', None) or exc}") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut short, a bad URL
+        raise BundleError(f"could not fetch {url}: {getattr(exc, 'reason', None) or exc or type(exc).__name__}") from None
 
 
 def _git_blob_sha1(path: str) -> str:
@@ -273,6 +274,6 @@ def main(a, read_facts, read_specs) -> int:
         b.check_parts(say=lambda line: print(f"  {line}", flush=True))
         print(f"bundle {a.file}: every part matches the signed manifest")
         return 0
-    except BundleError as exc:
+    except (BundleError, driver.FleetError) as exc:
         print(f"nemofleet bundle {a.action}: {exc}", file=sys.stderr)
         return 1

@@ -234,6 +234,9 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         yield check_command(directory, revision, "write")
         return
     if parts is not None:
+        if any(rel.startswith("/") or ".." in rel.split("/") for rel, _, _ in parts):
+            yield fail_command("the bundle names a weights file outside its directory: refused")
+            return
         yield from from_bundle(directory, parts)
         yield check_command(directory, revision, "write")
         return
@@ -256,9 +259,6 @@ BUNDLE_SUMS = ".cache/nemofleet-bundle.sha256"
 def from_bundle(directory: str, parts: list):
     """Each file of the weights from the bundle into `directory`, then every one checked on the
     host against its SHA-256 in the signed manifest (the weights check then writes the marker)."""
-    if any(rel.startswith("/") or ".." in rel.split("/") for rel, _, _ in parts):
-        yield fail_command("the bundle names a weights file outside its directory: refused")
-        return
     yield cmd("mkdir", "-p", "--", *sorted({os.path.dirname(f"{directory}/{rel}") for rel, _, _ in parts}))
     for rel, src, _ in parts:
         yield FileUploadCommand(src, f"{directory}/{rel}")
