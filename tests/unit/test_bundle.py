@@ -101,3 +101,63 @@ def test_a_host_needing_a_part_the_bundle_lacks_is_refused_naming_it(made):
     [why] = bundle.refusals(b, want, s)
     assert "lacks the weights org/other@222222222222" in why
     assert "install_nvidia_driver" in bundle.refusals(b, want, SimpleNamespace(install_nvidia_driver=True))[0]
+
+
+@pytest.fixture()
+def mirror(tmp_path):
+    """The testbed's Hub mirror (stdlib) on 127.0.0.1 with its tiny checkpoint: (endpoint, repo, commit, log)."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from nemofleet_testbed import hfmirror, tinymodel
+
+    repo = "nvidia/Tiny"
+    sha = tinymodel.build(str(tmp_path / "repos"), repo, shard_bytes=4096)
+    log = tmp_path / "requests.log"
+    handler = type("H", (hfmirror.Handler,), {"root": str(tmp_path / "repos"), "log_path": str(log)})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", repo, sha, log
+    server.shutdown()
+
+
+def test_weights_are_fetched_verified_with_their_metadata_and_resumed(mirror, tmp_path):
+    from nemofleet.fleet import bundle as create
+
+    endpoint, repo, sha, log = mirror
+    lines = []
+    stage = create._Stage(str(tmp_path / "b.bundle"), lines.append)
+    create._weights(stage, endpoint, repo, sha, f"/srv/models/nvidia--Tiny@{sha[:12]}", {"h1"})
+    shard = f"weights/nvidia--Tiny@{sha[:12]}/model-00001-of-00002.safetensors"
+    meta = f"weights/nvidia--Tiny@{sha[:12]}/.cache/huggingface/download/model-00001-of-00002.safetensors.metadata"
+    assert stage.parts[shard]["serves"] == ["h1"] and stage.parts[shard]["revision"] == sha
+    commit, etag = open(stage.path(meta)).read().splitlines()[:2]
+    assert commit == sha and etag == stage.parts[shard]["sha256"]  # the LFS etag is the file's SHA-256
+    gets = [line for line in log.read_text().splitlines() if "/resolve/" in line]
+    assert len(gets) == 7
+    again = create._Stage(str(tmp_path / "b.bundle"), lines.append)  # a re-run after an interruption
+    create._weights(again, endpoint, repo, sha, f"/srv/models/nvidia--Tiny@{sha[:12]}", {"h2"})
+    assert [line for line in log.read_text().splitlines() if "/resolve/" in line] == gets  # nothing fetched again
+    assert sum("already here (resumed)" in line for line in lines) == 7
+    with pytest.raises(bundle.BundleError, match="could not fetch"):
+        create._weights(again, endpoint, repo, "f" * 40, "/srv/models/x", {"h1"})
+
+
+def test_an_image_archive_is_identified_by_its_image_id_and_must_hold_the_tag(tmp_path):
+    import io
+    import tarfile
+
+    from nemofleet.fleet import bundle as create
+
+    archive = tmp_path / "img.tar"
+    with tarfile.open(archive, "w") as t:
+        data = json.dumps([{"Config": "blobs/sha256/" + "c" * 64, "RepoTags": ["vllm/vllm-openai:v1"]}]).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    stage = create._Stage(str(tmp_path / "b.bundle"), lambda line: None)
+    create._image(stage, "vllm/vllm-openai:v1", str(archive), {"h1"})
+    [part] = stage.parts.values()
+    assert part["image_id"] == "sha256:" + "c" * 64 and part["path"] == "images/" + "c" * 16 + ".tar"
+    with pytest.raises(bundle.BundleError, match="does not hold vllm/vllm-openai:v2"):
+        create._image(stage, "vllm/vllm-openai:v2", str(archive), {"h1"})
