@@ -5,11 +5,12 @@ verify offline, resume by re-fetching only what is missing or truncated, never r
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
 from .. import paths, remote, shell
 from . import cmd, fail_command
@@ -237,7 +238,12 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         if any(rel.startswith("/") or ".." in rel.split("/") for rel, _, _ in parts):
             yield fail_command("the bundle names a weights file outside its directory: refused")
             return
-        yield from from_bundle(directory, parts)
+        if seed:  # a fan-out target (docs/fanout.md): from a peer of this run, the bundle only if none had it
+            yield StringCommand("sh", "-c", shell.quote("\n".join(
+                [f"mkdir -p {shell.quote(directory)}", *seed_lines(seed, directory, revision)])))
+            yield FunctionCommand(bundle_unless_seeded, (directory, revision, parts), {})
+        else:
+            yield from from_bundle(directory, parts)
         yield check_command(directory, revision, "write")
         return
     files: list[str] = []
@@ -270,6 +276,28 @@ def from_bundle(directory: str, parts: list):
         f"rm -f {BUNDLE_SUMS}; [ $rc -eq 0 ] || "
         + shell.fail(f"the weights from the bundle arrived changed in {directory}: a file's SHA-256 does not match "
                      "the signed manifest")))
+
+
+def bundle_unless_seeded(state, host, directory: str, revision: str, parts: list) -> bool:
+    """At execution time: the bundle's files (from_bundle) only when the copy from a peer left
+    the weights incomplete or not of this commit, so a fleet's weights cross the controller's link
+    once (to the fan-out's first host), not once per host."""
+    _, out = host.run_shell_command(StringCommand(check_command(directory, revision, "check")))
+    try:
+        st = json.loads(out.stdout or "{}")
+    except ValueError:
+        st = {}
+    if isinstance(st, dict) and st.get("complete") and st.get("commit_ok"):
+        return True
+    for c in from_bundle(directory, parts):
+        if isinstance(c, FileUploadCommand):
+            ok, out = host.put_file(c.src, c.dest), None
+        else:
+            ok, out = host.run_shell_command(c)
+        if not ok:
+            host.log((out.stderr if out is not None else "") or f"could not place the bundle's weights in {directory}")
+            return False
+    return True
 
 
 def is_commit(revision: str) -> bool:
