@@ -436,6 +436,8 @@ def preflight_only() -> None:
 @deploy("nemofleet gateway preflight")
 def _gateway_preflight() -> Desired:
     want = decide(inputs.gather(run().specs, {host.name: {}}, hosts=[host.name], operator=operator())[host.name])
+    want.bundle, why = bundle.for_host(run().specs[host.name].settings)  # HAProxy's .deb from it, when set
+    want.refusals += [why] if why else []
     preflight.verdict(name="Preflight: can this host be the gateway?", refusals=want.refusals)
     return want
 
