@@ -11,13 +11,11 @@ from ..factmodel import Facts
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from ..valuetypes import host_number
-from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
-from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
-from .gpuhealth import SMI_HUNG, GpuHealth
+from . import docker, lock, weights  # noqa: F401  (imported for the parts their facts declare)
+from .gpu import TIMED_OUT
+from .gpuhealth import SMI_HUNG
 from . import engine, schema
 from .schema import part_problem
-from .lock import DeployLock  # the lock's scripts: nemofleet.hostcmd
-from .weights import ModelsOnDisk
 
 
 class CgroupVersion(Fact, part="cgroup"):
