@@ -36,6 +36,9 @@ import subprocess
 import tarfile
 import tempfile
 import threading
+from typing import BinaryIO
+
+from .valuetypes import Refusal
 
 NAMESPACE = "nemofleet-bundle"
 FORMAT = "nemofleet-bundle/1"
@@ -70,7 +73,8 @@ class Part(io.RawIOBase):
 
     def __init__(self, path: str, offset: int, size: int):
         super().__init__()
-        self.path, self.offset, self.size, self.pos, self.f = path, offset, size, 0, None
+        self.path, self.offset, self.size, self.pos = path, offset, size, 0
+        self.f: BinaryIO | None = None
 
     def readable(self) -> bool:
         return True
@@ -86,11 +90,10 @@ class Part(io.RawIOBase):
         return self.pos
 
     def read(self, n: int = -1) -> bytes:
-        if self.f is None:
-            self.f = open(self.path, "rb")
+        f = self.f = self.f or open(self.path, "rb")
         n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
-        self.f.seek(self.offset + self.pos)
-        data = self.f.read(n)
+        f.seek(self.offset + self.pos)
+        data = f.read(n)
         self.pos += len(data)
         return data
 
@@ -278,17 +281,18 @@ def _part_problem(b: Bundle, name: str) -> str | None:
         return _hashed(b, name)
 
 
-def preflight(want, s, facts, toolkit=()) -> list[str]:
+def preflight(want, s, facts, toolkit=()) -> tuple[Bundle | None, list[Refusal]]:
     """The deploy's bundle refusals for one host, before anything changes: a bad signature or
     signer, a part its plan needs that the bundle lacks, or a part this host is about to take
     (its image absent, its weights incomplete, its toolkit at another version) whose bytes do not
-    match the signed manifest. Each part is hashed once per run, and a converged host reads none."""
+    match the signed manifest. Each part is hashed once per run, and a converged host reads none.
+    Returns (the bundle, the refusals, each with the code "bundle")."""
     b, why = for_host(s)
     if why or b is None:
-        return [why] if why else []
+        return None, [Refusal(why, "bundle")] if why else []
     out = refusals(b, want, s, toolkit)
     if out:
-        return out
+        return None, [Refusal(r, "bundle") for r in out]
     names = [p["path"] for p in b.find("image", image=want.image)[:1]] if facts.image is None else []
     for d in want.downloads:
         m = facts.models.get(os.path.basename(d.directory.rstrip("/")))
@@ -296,8 +300,7 @@ def preflight(want, s, facts, toolkit=()) -> list[str]:
             names += [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision)]
     if s.install_container_toolkit and (facts.toolkit.version or "") != (s.container_toolkit_version or "").split("-")[0]:
         names += [p["path"] for p in b.find("package", version=s.container_toolkit_version)]
-    want.bundle = b
-    return [why for why in (_part_problem(b, n) for n in names) if why][:1]
+    return b, [Refusal(why, "bundle") for why in (_part_problem(b, n) for n in names) if why][:1]
 
 
 def upload(b: Bundle, name: str) -> tuple[Part, str]:

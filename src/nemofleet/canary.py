@@ -65,6 +65,7 @@ def parse(text: str) -> dict[tuple, float]:
         value = host_number(m.group(3), 0, COUNT_MAX, decimal=True) if m else None
         if value is None:
             continue
+        assert m is not None
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
         out[(m.group(1), labels)] = value
     return out
@@ -286,7 +287,8 @@ def _s(v: float | None) -> str:
 @reads_host(lambda why, lines: ("", {}))
 def split_instances(lines: list[str]) -> tuple[str, dict[str, str]]:
     """The metrics script's answer -> (GPU name, {instance: its /metrics text})."""
-    gpu, cur, out = "", None, {}
+    gpu, cur = "", None
+    out: dict[str, list[str]] = {}
     for ln in lines:
         if ln.startswith("@@gpu "):
             gpu = ln[6:].strip()

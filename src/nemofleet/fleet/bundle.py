@@ -44,7 +44,7 @@ def _plans(inventory: str, specs: dict, facts: dict, from_file: bool, say) -> di
     if missing:
         raise BundleError(f"no facts for {', '.join(missing)} (unreachable, or not in the facts file): a bundle is "
                           "made for every host of the inventory")
-    out = {}
+    out: dict[str, tuple] = {}
     every = inputs.gather(specs, facts, hosts=hosts, commits=commits, operator=driver.operator())
     for h, i in every.items():
         if i.settings is not None and i.settings.install_nvidia_driver:
@@ -55,7 +55,7 @@ def _plans(inventory: str, specs: dict, facts: dict, from_file: bool, say) -> di
             raise BundleError(f"{h} is refused by its plan ({'; '.join(d.refusals)[:300]}): fix it first "
                               "(nemofleet plan), a bundle carries what a plan that can run needs")
         out[h] = (d, i.settings)
-        say(f"{h}: {d.plan.model.key} on {d.image}")
+        say(f"{h}: {d.plan.model.key if d.plan else '?'} on {d.image}")
     # the gateway's hosts need HAProxy too
     for h, sp in specs.items():
         if sp.gateway and sp.settings is not None:
@@ -90,7 +90,8 @@ class _Stage:
     part whose SHA-256 it recorded when it verified it)."""
 
     def __init__(self, out: str, say):
-        self.dir, self.say, self.parts = out + ".parts", say, {}
+        self.dir, self.say = out + ".parts", say
+        self.parts: dict[str, dict] = {}
         os.makedirs(self.dir, exist_ok=True)
 
     def path(self, name: str) -> str:
@@ -112,8 +113,8 @@ class _Stage:
         with open(p + ".sha256", "w") as f:
             f.write(sha)
         old = self.parts.get(name)
-        serves = sorted(set(serves) | set(old["serves"] if old else ()))
-        self.parts[name] = {"path": name, "size": os.path.getsize(p), "sha256": sha, **meta, "serves": serves}
+        self.parts[name] = {"path": name, "size": os.path.getsize(p), "sha256": sha, **meta,
+                            "serves": sorted(set(serves) | set(old["serves"] if old else ()))}
 
 
 def _image(stage: _Stage, ref: str, archive: str | None, hosts: set) -> None:
@@ -131,7 +132,8 @@ def _image(stage: _Stage, ref: str, archive: str | None, hosts: set) -> None:
     archive = os.path.expanduser(archive)
     try:
         with tarfile.open(archive, "r:") as t:
-            manifest = json.load(t.extractfile("manifest.json"))
+            member = t.extractfile("manifest.json")
+            manifest = json.load(member) if member is not None else []
         image_id = "sha256:" + os.path.basename(manifest[0]["Config"]).removesuffix(".json")
         tags = [tag for m in manifest for tag in m.get("RepoTags") or []]
     except (OSError, tarfile.TarError, KeyError, ValueError, TypeError, IndexError):
@@ -218,7 +220,9 @@ def create(inventory: str, out: str, specs: dict, facts: dict, from_file: bool =
     if not key or not os.path.isfile(os.path.expanduser(key)):
         raise BundleError(f"bundle_signing_key_file {key or '(not set)'} is not a file: set it in group data to the "
                           "SSH private key that signs bundles (ssh-keygen -t ed25519)")
-    images, weights, debs = {}, {}, {}
+    images: dict[tuple, set] = {}
+    weights: dict[tuple, set] = {}
+    debs: dict[tuple, set] = {}
     for h, (d, s) in plans.items():
         if d is not None:
             images.setdefault((d.image, s.vllm_image_archive or s.vllm_image_archives.get(d.image)), set()).add(h)

@@ -43,7 +43,7 @@ def image(ref: str, archive: str | None = None, part: tuple | None = None):
         return
     q = shell.quote
     if part or archive:
-        if not part and not os.path.isfile(archive):
+        if not part and not os.path.isfile(archive or ""):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return
         name, src, sha = part or (archive, archive, None)
