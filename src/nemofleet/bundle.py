@@ -246,6 +246,11 @@ def refusals(b: Bundle, want, s, toolkit=()) -> list[str]:
             "(nemofleet bundle create)" for what, match in needs(want, s, toolkit) if not b.find(**match)]
 
 
+# the hosts' preflights run side by side (pyinfra's greenlets; ssh-keygen's wait lets another run):
+# one checks the signature or hashes a part, the others wait for its answer
+_HASHING = threading.Lock()
+
+
 @functools.lru_cache(maxsize=16)
 def _checked(path: str, allowed: str) -> tuple[Bundle | None, str | None]:
     """(the bundle, None) once its signature is good, else (None, the sentence); once per run."""
@@ -261,10 +266,8 @@ def for_host(s) -> tuple[Bundle | None, str | None]:
     """The bundle this host's settings name (signature checked), or the sentence why not."""
     if s is None or not s.bundle:
         return None, None
-    return _checked(os.path.expanduser(s.bundle), s.bundle_allowed_signers_file or DEFAULT_SIGNERS)
-
-
-_HASHING = threading.Lock()  # the hosts' preflights run side by side: one hashes a part, the others wait
+    with _HASHING:  # one check (and one Bundle) per run: the hosts' preflights run side by side
+        return _checked(os.path.expanduser(s.bundle), s.bundle_allowed_signers_file or DEFAULT_SIGNERS)
 
 
 @functools.lru_cache(maxsize=4096)
