@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, TypeVar, cast
 
-import os
 import time
 import weakref
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ from pyinfra.api import deploy as _pyinfra_deploy
 from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, bundle, factmodel, fanout, inputs, paths, render, runlock, spec
+from .lockinfo import operator
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .valuetypes import Refusal
@@ -108,10 +108,6 @@ def run() -> Run:
     if r is None:
         r = _RUNS[state] = Run(state)
     return r
-
-
-def operator() -> str:
-    return f"{os.environ.get('NEMOFLEET_OPERATOR') or os.environ.get('USER') or 'root'}@{os.uname().nodename}"
 
 
 def host_inputs() -> HostInputs:
