@@ -52,12 +52,25 @@ def hide_credentials(text: str) -> str:
     return _WORD.sub(lambda m: _hide_userinfo(m.group(0)), text)
 
 
+def printable(text, keep: str = "") -> str:
+    """Text read back from a host (a lock holder, a unit name, a status line) as it may enter a
+    sentence or a terminal: every character str.isprintable() refuses (the C0 and C1 controls, ESC
+    that starts a terminal's escape sequence, the line breaks U+0085, U+2028 and U+2029, the bidi
+    controls and every other format character) written as its escape (\\x1b, \\u2028); the
+    rest, and the characters of `keep`, as they are. No quotes, no truncation."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def shown(value, limit: int = SHOWN) -> str:
-    """The one way a value enters a sentence: repr() (control characters, escape sequences and
-    Unicode line separators escaped), a URL's credentials replaced by `***`, shortened; a secret
+    """The one way a value enters a sentence: repr() (control characters, escape sequences,
+    Unicode line separators and bidi controls escaped, whatever the value's own repr wrote: see
+    printable), a URL's credentials replaced by `***`, shortened; a secret
     (nemofleet.secret.Secret) shows as <secret> by its own repr."""
     try:
-        text = repr(value)
+        text = printable(repr(value))
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if is_int(value) else "a value"
     except RecursionError:
