@@ -182,6 +182,32 @@ def host_json(text: str):
         raise ValueError("nested deeper than a JSON parser holds") from None
 
 
+def flag_value_problem(value) -> str | None:
+    """A value a program's flag gets (vllm_extra_args): every number in it finite and at most
+    INT_MAX in size, whether it is a number, a number written as text ('1e999', 'inf', which vLLM's
+    float() reads) or one inside JSON text it holds (vLLM reads --hf-overrides, --speculative-config
+    and the like with json.loads, which takes 1e999 and NaN); text that opens as JSON must be JSON."""
+    given = value
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        try:
+            value = host_json(value)
+        except ValueError as exc:
+            return f"holds JSON text vLLM cannot read ({exc})"
+    elif isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None  # no number
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (dict, list)):
+            stack.extend(v.values() if isinstance(v, dict) else v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (is_number(v) and abs(v) <= INT_MAX):
+            return f"has the number {shown(given if isinstance(given, str) else v)}: numbers are finite and at most {INT_MAX}"
+    return None
+
+
 def int_problem(value, minimum: int | None = None, maximum: int | None = None) -> str | None:
     if not is_int(value):
         return f"must be an integer, not {shown(value)}"
