@@ -203,3 +203,19 @@ def test_a_decision_helper_says_what_its_operation_does(path: Path):
     accepted = set(inspect.signature(helper).parameters)
     got = call(helper, {k: v for k, v in kwargs.items() if k in accepted}, **where)
     assert PREDICTS[path.parent.name][1](kwargs, result, got), (got, result.commands, result.kwargs)
+
+
+def test_an_image_archive_under_home_is_found_on_the_controller(tmp_path, monkeypatch):
+    """vllm_image_archive: ~/img.tar is accepted by the setting (HOME_PATH) and found by the
+    operation (expanded on the controller, as the key files are), not refused as missing."""
+    from nemofleet import settings
+    from nemofleet.operations import docker
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "img.tar").write_bytes(b"tar")
+    assert settings.parse({"vllm_image_archive": "~/img.tar"}).vllm_image_archive == "~/img.tar"
+    facts = {"ImageInfo": {"ref=r/img:1": None}}
+    out = run(docker.image, {"ref": "r/img:1", "archive": "~/img.tar"}, facts).commands
+    assert out[0][:2] == ["upload", "/var/tmp/nemofleet-image-img.tar"], out
+    out = run(docker.image, {"ref": "r/img:1", "archive": "~/nope.tar"}, facts).commands
+    assert "does not exist on the controller" in str(out), out

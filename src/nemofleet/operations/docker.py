@@ -42,6 +42,7 @@ def image(ref: str, archive: str | None = None):
         return
     q = shell.quote
     if archive:
+        archive = os.path.expanduser(archive)  # a controller path: settings take ~ (HOME_PATH), as for key files
         if not os.path.isfile(archive):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return
