@@ -9,7 +9,7 @@
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
                       [--lock-ttl 2h] [--bake S] [--slo-error-rate P] [--slo-latency-ratio R]
                       [--slo-min-requests N] [--on-thin-traffic wait|pass|fail] [--pause-after-canary] [--json]
-    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT] [--max-tokens N] [--json]
+    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT | --prompt-file FILE|-] [--max-tokens N] [--json]
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
     nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
