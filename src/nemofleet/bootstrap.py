@@ -100,7 +100,7 @@ def install(s: Settings) -> bool | None:
     names = (drv_pkgs if want_driver else []) + (TOOLKIT_PACKAGES if want_toolkit else [])
     have = host.get_fact(BootstrapState, names=tuple(names))
     pending = bool((want_driver and packages.unmet(have, drv_pkgs, f"{branch}.*"))
-                   or (want_toolkit and packages.unmet(have, TOOLKIT_PACKAGES, tk_version)))
+                   or (want_toolkit and packages.unmet(have, TOOLKIT_PACKAGES, tk_version or "")))
     loaded_ok = bool(have["_driver"]) and have["_driver"].startswith(f"{branch}.")
     if want_driver:
         packages.pinned(name=f"NVIDIA driver {branch} (pinned, held)", packages=drv_pkgs, version=f"{branch}.*",
@@ -114,7 +114,7 @@ def install(s: Settings) -> bool | None:
         pending = pending or not loaded_ok
     if want_toolkit:
         packages.pinned(name=f"NVIDIA Container Toolkit {tk_version} (pinned, held)", packages=TOOLKIT_PACKAGES,
-                        version=tk_version, pin_file="/etc/apt/preferences.d/nvidia-container-toolkit",
+                        version=tk_version or "", pin_file="/etc/apt/preferences.d/nvidia-container-toolkit",
                         label="NVIDIA Container Toolkit", source=tk_source, conflicting=TOOLKIT_OLD_LISTS,
                         # Docker finds the toolkit's hook (--gpus) only when it starts
                         after_install="if systemctl is-active -q docker; then systemctl restart docker; fi")

@@ -70,6 +70,7 @@ def parse(text: str) -> dict[tuple, float]:
         if value is None:
             out[UNREADABLE] = out.get(UNREADABLE, 0) + 1
             continue
+        assert m is not None
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
         out[(m.group(1), labels)] = value
     return out
@@ -305,7 +306,8 @@ def _s(v: float | None) -> str:
 @reads_host(lambda why, lines: ("", {}))
 def split_instances(lines: list[str]) -> tuple[str, dict[str, str]]:
     """The metrics script's answer -> (GPU name, {instance: its /metrics text})."""
-    gpu, cur, out = "", None, {}
+    gpu, cur = "", None
+    out: dict[str, list[str]] = {}
     for ln in lines:
         if ln.startswith("@@gpu "):
             gpu = ln[6:].strip()

@@ -108,6 +108,7 @@ def cmd_plan(a) -> int:
     """What the deploy would apply, per host: the same decision (desired.decide over the same
     HostInputs, a serving group planned from all its members' facts), shown before it runs."""
     from . import inputs
+    from . import valuetypes as vt
     from .desired import decide
     from .facts.host import facts_file_problem
     from .fleet import driver
@@ -120,7 +121,8 @@ def cmd_plan(a) -> int:
                                                                        if h in facts})[0] or {}
     else:
         commits = {}  # a facts file: no host to ask, a revision is planned as it is named
-    result, rc = {}, 0
+    result: dict[str, dict] = {}
+    rc = 0
     fan, fan_lines = _plan_fanout(specs, facts)
     # a member's missing or unusable facts: PeerMissing with its sentence (not "outside this run")
     members = {m for sp in specs.values() for m in sp.members}
@@ -130,10 +132,10 @@ def cmd_plan(a) -> int:
         f = facts.get(name)
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
-            result[name] = {"refused": [why], "warnings": []}
+            result[name] = {"refused": [why], "codes": ["facts"], "warnings": []}
             rc = 1
             continue
-        planned[name] = dict(f, lock=None)
+        planned[name] = dict(f or {}, lock=None)
     every = inputs.gather(specs, {**typed, **planned}, hosts=list(planned), commits=commits,
                           seeds={h: fan.seed_from(h) for h in planned}, operator=driver.operator())
     for name, i in every.items():
@@ -146,7 +148,7 @@ def cmd_plan(a) -> int:
             continue
         if d.refusals:
             rc = 1
-        result[name] = {"refused": d.refusals, "warnings": d.warnings,
+        result[name] = {"refused": d.refusals, "codes": [vt.code_of(r) for r in d.refusals], "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
         if d.plan is None and d.preview is not None:
             # refused for something outside the plan (no API key on this controller yet...): the
@@ -407,7 +409,7 @@ def _fingerprint(text: str) -> str:
 
     from . import settings
 
-    if not re.fullmatch(settings.BY_NAME["expected_host_key"].pattern, text):
+    if not re.fullmatch(settings.BY_NAME["expected_host_key"].pattern or "", text):
         raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a fingerprint as ssh-keygen -lf prints it "
                                          "(SHA256: and 43 base64 characters)")
     return text

@@ -7,6 +7,9 @@ operations, and every operation yields nothing when the host already matches.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar, cast
+
 import os
 import sys
 import time
@@ -14,7 +17,7 @@ import weakref
 from types import SimpleNamespace
 
 from pyinfra import host, logger
-from pyinfra.api import deploy
+from pyinfra.api import deploy as _pyinfra_deploy
 from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, factmodel, fanout, inputs, inventory, paths, render, runlock, spec
@@ -24,6 +27,14 @@ from .facts.host import HostFacts, known_reads
 from .facts import prefetch
 from .facts.weights import HubCommit
 from .operations import daemon_json, docker, files, frontdoor, gpu_access, packages, preflight, units, weights
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def stage(name: str) -> Callable[[_F], _F]:
+    """pyinfra's @deploy, typed as what it is here: the function itself, run as a named stage."""
+    return cast(Callable[[_F], _F], _pyinfra_deploy(name))
 
 
 def data(of=None) -> dict:
@@ -137,7 +148,7 @@ def desired() -> Desired:
     return decide(host_inputs())
 
 
-@deploy("nemofleet preflight")
+@stage("nemofleet preflight")
 def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
     want = desired()
@@ -194,9 +205,18 @@ def _recorder(sink: list) -> SimpleNamespace:
     return SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None)
 
 
-def _configure_host(want: Desired, op=OPS) -> set:
-    """Returns the daemon.json keys this run changes (from the facts, before anything runs)."""
-    daemon_changed = op.daemon_json.changed_keys(desired=want.daemon_json, defaults=want.daemon_json_defaults)
+@dataclass
+class Carried:
+    """What a phase tells the ones after it: the daemon.json keys this run changes (the GPU probe
+    runs again when they hold GPU keys) and whether an instance (re)starts (the first health check
+    runs), both decided from the facts before anything runs."""
+    daemon_changed: set = field(default_factory=set)
+    started: bool = False
+
+
+def _configure_host(want: Desired, carried: Carried, op=OPS) -> None:
+    """daemon.json, host files, secrets, the seed key's line, the CDI spec."""
+    carried.daemon_changed = op.daemon_json.changed_keys(desired=want.daemon_json, defaults=want.daemon_json_defaults)
     op.daemon_json.configured(name="Docker daemon.json (merged; reload or restart only when needed)",
                               desired=want.daemon_json, defaults=want.daemon_json_defaults)
     if want.host_files:
@@ -218,16 +238,10 @@ def _configure_host(want: Desired, op=OPS) -> set:
     if want.cdi_command:
         op.server.shell(name="Enable nvidia-cdi-refresh" if "refresh" in want.cdi_command else "Generate the CDI spec",
                         commands=[want.cdi_command])
-    return daemon_changed
 
 
-@deploy("nemofleet host configuration")
-def configure_host(want: Desired) -> set:
-    """Returns the set of daemon.json keys this run changes (decided from the facts)."""
-    return _configure_host(want)
-
-
-def _fetch_weights(want: Desired, op=OPS) -> None:
+def _fetch_weights(want: Desired, carried: Carried, op=OPS) -> None:
+    """The image and the weights (verified, from a peer or the mirror)."""
     op.docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
     for d in want.downloads:
         op.weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
@@ -235,23 +249,20 @@ def _fetch_weights(want: Desired, op=OPS) -> None:
                          full_verify=d.full_verify, seed=d.seed, link_from=d.link_from)
 
 
-@deploy("nemofleet weights")
-def fetch_weights(want: Desired) -> None:
-    _fetch_weights(want)
-
-
 def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set = False, op=OPS) -> None:
     g = want.gpu_probe
+    assert g is not None  # a host that passed preflight has its probe
     op.gpu_access.survives_daemon_reload(
         name="GPU access survives systemctl daemon-reload (probe)", image=g.image, gpu_args=g.gpu_args,
         signature=g.signature, remedy_hint=g.remedy_hint, force=force, recorded=facts_record)
 
 
-def _serve(want: Desired, daemon_changed: set | None = None, op=OPS) -> bool:
+def _serve(want: Desired, carried: Carried, op=OPS) -> None:
+    """The units, their starts and ready wait, the release record; `carried.started`: whether this
+    run (re)starts an instance through units.running."""
     # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
     # whenever this run rewrites daemon.json's GPU keys (e.g. repairs a drifted cgroup driver).
-    probe_gpu_access(want, want.gpu_access_record, force=daemon_changed if daemon_changed is not None else False,
-                     op=op)
+    probe_gpu_access(want, want.gpu_access_record, force=carried.daemon_changed, op=op)
     if want.networks:
         op.docker.networks(name="Frontend networks", wanted=want.networks)
     if want.previous_release and want.previous_release != want.release_id:
@@ -285,7 +296,7 @@ def _serve(want: Desired, daemon_changed: set | None = None, op=OPS) -> bool:
     # with a front door, running units were restarted above: here only starts, enables and removals
     op.units.running(name="vLLM instances enabled and running", units=want.unit_names, changed=changed,
                      deferred=set() if want.drain_restarts else None)
-    started = plan.changes()
+    started = carried.started = plan.changes()
     if want.ready_command and started:
         op.server.shell(name="Wait until the (re)started instances are ready", commands=[want.ready_command])
     if want.attached:
@@ -297,14 +308,6 @@ def _serve(want: Desired, daemon_changed: set | None = None, op=OPS) -> bool:
     op.weights.pruned(name="Weights no release on this host uses", directories=want.prune)
     for line in want.frontend_lines:
         op.log(line)
-    return started
-
-
-@deploy("nemofleet serving")
-def serve(want: Desired, daemon_changed: set | None = None) -> bool:
-    """The units, their starts and ready wait, the release record; returns whether this run
-    (re)starts an instance through units.running (decided from the facts)."""
-    return _serve(want, daemon_changed)
 
 
 def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | None = None, op=OPS) -> None:
@@ -336,23 +339,33 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
                         commands=["timeout 120 systemctl reload haproxy"])
 
 
-def _health(want: Desired, started: bool = False, op=OPS) -> None:
-    changed = op.files.will_change(files=want.health_files)
-    op.files.managed(name="Health check script and cron", files=want.health_files)
-    if want.gpu_returns:  # only when the health script drained a GPU that reads healthy again
-        op.server.shell(name="GPUs healthy again: their instances back in the front door", commands=want.gpu_returns)
-    if changed or started:
-        op.server.shell(name="First health check (metrics for nemofleet status)",
-                        commands=[render.first_health_check()])
-
-
-@deploy("nemofleet health")
-def health(want: Desired, started: bool = False) -> None:
+def _health(want: Desired, carried: Carried, op=OPS) -> None:
     """The health script and its cron line; when this run (re)starts an instance or changes the
     script, one health run now (under the cron's lock, bounded), so `nemofleet status` shows the
     instances' health and load right after a converge instead of after cron's first run. A
     converged re-run changes nothing here and runs nothing."""
-    _health(want, started)
+    changed = op.files.will_change(files=want.health_files)
+    op.files.managed(name="Health check script and cron", files=want.health_files)
+    if want.gpu_returns:  # only when the health script drained a GPU that reads healthy again
+        op.server.shell(name="GPUs healthy again: their instances back in the front door", commands=want.gpu_returns)
+    if changed or carried.started:
+        op.server.shell(name="First health check (metrics for nemofleet status)",
+                        commands=[render.first_health_check()])
+
+
+# The deploy's phases, in order: each a pyinfra stage of its own name, and each walked with a
+# recorder in place of the operations to learn what it reads (fact_reads below)
+PHASES = (("nemofleet host configuration", _configure_host), ("nemofleet weights", _fetch_weights),
+          ("nemofleet serving", _serve), ("nemofleet health", _health))
+_STAGES = tuple(stage(name)(body) for name, body in PHASES)
+
+
+def phases(want: Desired, op=OPS) -> Carried:
+    """Run every phase for a host that passed preflight (`op`: the operations, or a recorder)."""
+    carried = Carried()
+    for run_stage, (_, body) in zip(_STAGES, PHASES):
+        (run_stage if op is OPS else body)(want, carried, op)
+    return carried
 
 
 def nemotron() -> None:
@@ -376,11 +389,7 @@ def fact_reads(want: Desired) -> list[tuple]:
     with a recorder in place of the operations (each operation declares its read next to itself);
     anything an operation reads that is not here it reads itself."""
     sink: list = []
-    op = _recorder(sink)
-    daemon_changed = _configure_host(want, op)
-    _fetch_weights(want, op)
-    started = _serve(want, daemon_changed, op)
-    _health(want, started, op)
+    phases(want, _recorder(sink))
     return sink
 
 
@@ -396,10 +405,7 @@ def converge() -> None:
     if not want.ok:
         return
     prefetch.load(fact_reads(want))
-    daemon_changed = configure_host(want)
-    fetch_weights(want)
-    started = serve(want, daemon_changed)
-    health(want, started)
+    phases(want)
 
 
 def gpu_probe_only() -> None:
@@ -414,7 +420,7 @@ def gpu_probe_only() -> None:
 
 def preflight_only() -> None:
     want = run_preflight()
-    if want.ok:
+    if want.ok and want.plan is not None:
         p = want.plan
         host.log(f"preflight passed: {len(p.instances)} instance(s) of {p.model.key} "
                  f"(TP {p.instances[0].tp}, {p.instances[0].memory.summary()})", logger.info)
@@ -423,14 +429,14 @@ def preflight_only() -> None:
 # ---------------------------------------------------------------------------- the fleet gateway
 
 
-@deploy("nemofleet gateway preflight")
+@stage("nemofleet gateway preflight")
 def _gateway_preflight() -> Desired:
     want = decide(inputs.gather(run().specs, {host.name: {}}, hosts=[host.name], operator=operator())[host.name])
     preflight.verdict(name="Preflight: can this host be the gateway?", refusals=want.refusals)
     return want
 
 
-@deploy("nemofleet gateway")
+@stage("nemofleet gateway")
 def _gateway_configure(want: Desired) -> None:
     prefetch.load(gateway_reads(want))
     _front_door(want, label="Gateway", secret_dirs=want.secret_dirs)

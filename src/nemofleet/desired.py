@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from . import gpuhealth
@@ -27,6 +28,8 @@ from .gpuaccess import effective_cgroup_driver
 from .factmodel import Facts, ModelDir
 from .planmodel import Plan
 from .secret import SshPublicKey, reveal
+from . import valuetypes as vt
+from .valuetypes import Refusal
 
 FileMap = dict  # {path: (content, mode)}
 
@@ -40,7 +43,7 @@ class Download:
     endpoint: str | None
     token_file: str | None
     full_verify: bool
-    seed: dict | None
+    seed: dict | list | None  # one peer, or several tried in order (seed_sources)
     link_from: tuple[str, str] | None = None  # (directory, its commit) to hard-link from first
 
 
@@ -52,8 +55,10 @@ class GpuProbe:
     remedy_hint: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Desired:
+    """Assembled once by decide() from its parts (host configuration, weights, serving, front door,
+    health: each a pure function returning its fields); nothing assigns to it afterwards."""
     host: str
     summary: str
     refusals: list[str] = field(default_factory=list)
@@ -123,10 +128,10 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> d
     if s.docker_default_runtime:
         desired["default-runtime"] = s.docker_default_runtime
     # daemon.json holds JSON lists: the settings' tuples are written (and compared) as lists
-    for value, name in ((s.docker_registry_mirrors, "registry-mirrors"),
-                        (s.docker_insecure_registries, "insecure-registries")):
-        if value is not None:
-            desired[name] = list(value) or None
+    for listed, name in ((s.docker_registry_mirrors, "registry-mirrors"),
+                         (s.docker_insecure_registries, "insecure-registries")):
+        if listed is not None:
+            desired[name] = list(listed) or None
     for key, value, name in (("docker_log_driver", s.docker_log_driver, "log-driver"),
                              ("docker_log_opts", s.docker_log_opts, "log-opts")):
         if value and value != settings_mod.BY_NAME[key].default:
@@ -192,17 +197,17 @@ def seed_authorized_key(public_key: SshPublicKey, models_root: str, networks=())
 
 def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list[str]]:
     # the one place secret values are revealed: into 0600 files (secret.Secret)
-    key = reveal(secrets["vllm_api_key"])
+    key = reveal(secrets["vllm_api_key"]) or ""  # present: decide() refuses a host without one
     out = {paths.VLLM_ENV: (render.env_file({"VLLM_API_KEY": key}), "0600"),
            paths.API_AUTH: (f"Authorization: Bearer {key}\n", "0600"),
            paths.HEALTH_CONF: (render.health_conf(s), "0600")}
     absent = []
     if secrets.get("hf_token"):
-        out[paths.HF_ENV] = (render.env_file({"HF_TOKEN": reveal(secrets["hf_token"])}), "0600")
+        out[paths.HF_ENV] = (render.env_file({"HF_TOKEN": reveal(secrets["hf_token"]) or ""}), "0600")
     else:
         absent.append(paths.HF_ENV)
     if secrets.get("weights_seed_key"):
-        out[paths.SEED_KEY] = (reveal(secrets["weights_seed_key"]).strip() + "\n", "0600")
+        out[paths.SEED_KEY] = ((reveal(secrets["weights_seed_key"]) or "").strip() + "\n", "0600")
     return out, absent
 
 
@@ -258,9 +263,9 @@ def seed_sources(s: settings_mod.Settings) -> dict | list | None:
     extra = {"root": s.models_root}
     if s.weights_peer_bwlimit is not None:
         extra["bwlimit"] = str(s.weights_peer_bwlimit)
-    several = isinstance(seed, tuple)  # settings.SeedPeer, or a tuple of them tried in order
-    peers = [{**x.as_dict(), **extra} for x in (seed if several else (seed,))]
-    return peers if several else peers[0]
+    # settings.SeedPeer, or a tuple of them tried in order
+    peers = [{**x.as_dict(), **extra} for x in (seed if isinstance(seed, tuple) else (seed,))]
+    return peers if isinstance(seed, tuple) else peers[0]
 
 
 def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: Facts) -> list[Download]:
@@ -305,12 +310,13 @@ def audit_command(operator: str, line: str) -> str:
 # ---------------------------------------------------------------------------- build
 
 
-def _secrets_ok(s: settings_mod.Settings, secrets: dict, d: Desired) -> None:
-    # each secret's form was checked where it was read (inputs.read_secrets); what is left to
+def _secret_refusals(secrets: Mapping) -> list[str]:
+    # each secret's form was checked where it was read (spec.read_secrets); what is left to
     # decide is whether the host may serve without one
     if not secrets.get("vllm_api_key"):
-        d.refusals.append("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
-                          "so /v1 is not open to anyone who can reach the port")
+        return [Refusal("no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) "
+                        "so /v1 is not open to anyone who can reach the port", "api-key")]
+    return []
 
 
 # Keys each member of a serving group may set on its own; every other key must be the same on all
@@ -334,7 +340,7 @@ def group_differences(s: settings_mod.Settings, peer_settings: Mapping) -> list[
             out.append(f"serving_group {s.serving_group}: {member} differs from this host in {', '.join(keys[:5])}"
                        f"{' ...' if len(keys) > 5 else ''}; a group runs one model with one set of flags, so set "
                        "these in the group's group data")
-    return out
+    return vt.coded("serving-group", out)
 
 
 def build(host: str, data: dict, facts: dict, secrets: dict, operator: str = "root",
@@ -349,128 +355,145 @@ def decide(i: HostInputs) -> Desired:
     """Everything this run should make true on host `i.name`: the one decision, used by the
     deploy (and through it rollout, rollback and rebuild), `nemofleet plan` and `nemofleet status`.
     Never raises for bad input: a host that cannot serve comes back with `refusals` (one sentence
-    each) and nothing else to apply."""
+    each, with its code) and nothing else to apply."""
     if GATEWAY_GROUP in i.groups:
         return _gateway(i)
-    facts = i.facts
-    d = Desired(host=i.name, summary=checks.summary(facts))
-    d.refusals, d.warnings = list(i.refusals), list(i.warnings)
-    s = i.settings
-    if s is None or d.refusals:
-        return d
-    d.settings = s
+    facts, s = i.facts, i.settings
+    head: dict[str, Any] = dict(host=i.name, summary=checks.summary(facts))
+    refusals, warnings = list(i.refusals), list(i.warnings)
+    if s is None or refusals:
+        return Desired(**head, refusals=refusals, warnings=warnings)
     if s.serving_group:
-        d.refusals += group_differences(s, i.peer_settings or {})
-        if d.refusals:
-            return d
-    p = d.preview = _plan(i, d)
-    d.daemon_json = docker_settings(s, p, facts)
-    d.daemon_json_defaults = docker_defaults(s)
-    try:
-        from .dockerconf import DaemonJsonError, validate_settings
-        validate_settings({**d.daemon_json_defaults, **d.daemon_json})
-    except DaemonJsonError as exc:
-        d.refusals.append(str(exc))
-    runtime = d.daemon_json.get("default-runtime")
-    known = {"runc", "io.containerd.runc.v2", *(d.daemon_json.get("runtimes") or {}),
-             *((facts.daemon_json.data or {}).get("runtimes") or {})}
-    if runtime and runtime not in known:
-        d.refusals.append(f"docker_default_runtime {runtime!r} is not a runtime dockerd knows here "
-                          f"({', '.join(sorted(known))}): dockerd would refuse to start")
-    if facts.daemon_json.data is None:
-        d.refusals.append(f"/etc/docker/daemon.json is {facts.daemon_json.error}; nemofleet leaves it "
-                          "untouched: fix or remove it, then re-run")
+        refusals += group_differences(s, i.peer_settings or {})
+        if refusals:
+            return Desired(**head, refusals=refusals, warnings=warnings, settings=s)
+    p, refused, warned = _plan(i)
+    refusals += refused
+    warnings += warned
+    config, refused = host_configuration(s, p, facts)
+    refusals += refused
     if p is not None:
-        _secrets_ok(s, dict(i.secrets), d)
-    if p is not None and front_door_wanted(s, p):
-        d.refusals += front_door_refusals(s, p, facts)
-    if d.refusals or p is None:
-        return d
-    _fill(d, s, p, facts, dict(i.secrets), i.operator)
-    return d
+        refusals += _secret_refusals(i.secrets)
+        if front_door_wanted(s, p):
+            refusals += front_door_refusals(s, p, facts)
+    if refusals or p is None:
+        return Desired(**head, refusals=refusals, warnings=warnings, settings=s, preview=p,
+                       daemon_json=config["daemon_json"], daemon_json_defaults=config["daemon_json_defaults"])
+    secrets = dict(i.secrets)
+    fields: dict[str, Any] = {**config, **host_files_part(s, p, facts, secrets)}
+    w, weights_warnings = weights(s, p, facts, secrets)
+    serve = serving(s, p, facts, config["daemon_json"], i.operator)
+    door = front_door(s, p, facts, secrets) if front_door_wanted(s, p) else {}
+    door_warnings = door.pop("warnings", [])
+    lines = serve.pop("frontend_lines") + door.pop("frontend_lines", [])
+    return Desired(**head, refusals=[], warnings=warnings + weights_warnings + door_warnings, settings=s,
+                   preview=p, plan=p, **fields, **w, **serve, **door, frontend_lines=lines,
+                   **health(s, p, facts, bool(door)))
 
 
-def _plan(i: HostInputs, d: Desired) -> Plan | None:
-    """The serving plan (plan.py) and the preflight checks over it (preflight.py); their
-    refusals and warnings go into `d`."""
+def _plan(i: HostInputs) -> tuple[Plan | None, list[str], list[str]]:
+    """The serving plan (plan.py) and the preflight checks over it (preflight.py), with their
+    refusals and warnings."""
     s, facts = i.settings, i.facts
+    assert s is not None
     why = checks.host_refusal(facts)
     if why:
-        d.refusals.append(why)
-        return None
+        return None, [why], []
     try:
         p = planning.for_host(i.name, facts, s, i.group_facts)
     except planning.PlanError as exc:
-        d.refusals.append(str(exc))
-        return None
-    d.warnings += p.warnings
+        return None, [Refusal(str(exc), "plan")], []
     refused, warned = checks.after_plan(facts, s, p)
-    d.refusals += refused
-    d.warnings += warned
-    return p
+    return p, refused, list(p.warnings) + warned
 
 
-def _fill(d: Desired, s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict, operator: str) -> None:
-    """The state of a host that passed preflight."""
-    d.plan = p
-    d.host_files = host_files(s, facts)
-    d.secret_files, d.absent = secret_files(s, secrets)
-    d.secret_dirs = {paths.ETC: "0700"}
+def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict[str, Any], list[str]]:
+    """daemon.json's keys (those nemofleet owns, those written only when absent) and why they
+    cannot be written here."""
+    owned, defaults = docker_settings(s, p, facts), docker_defaults(s)
+    refusals: list[str] = []
+    try:
+        from .dockerconf import DaemonJsonError, validate_settings
+        validate_settings({**defaults, **owned})
+    except DaemonJsonError as exc:
+        refusals.append(Refusal(str(exc), "daemon-json"))
+    runtime = owned.get("default-runtime")
+    known = {"runc", "io.containerd.runc.v2", *(owned.get("runtimes") or {}),
+             *((facts.daemon_json.data or {}).get("runtimes") or {})}
+    if runtime and runtime not in known:
+        refusals.append(Refusal(f"docker_default_runtime {runtime!r} is not a runtime dockerd knows here "
+                                f"({', '.join(sorted(known))}): dockerd would refuse to start", "daemon-json"))
+    if facts.daemon_json.data is None:
+        refusals.append(Refusal(f"/etc/docker/daemon.json is {facts.daemon_json.error}; nemofleet leaves it "
+                                "untouched: fix or remove it, then re-run", "daemon-json"))
+    return {"daemon_json": owned, "daemon_json_defaults": defaults}, refusals
+
+
+def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
+    """The host's own files: Docker's proxy drop-in and the /dev/char rule, the 0600 secrets, the
+    fleet seed key's authorized_keys line, how it gets a CDI spec."""
+    secret, absent = secret_files(s, secrets)
+    out = dict(host_files=host_files(s, facts), secret_files=secret, absent=absent, secret_dirs={paths.ETC: "0700"},
+               cdi_command=cdi_command(p, facts))
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
-        d.seed_public_key = secrets["weights_seed_public_key"].line()
-        d.authorized_key = seed_authorized_key(secrets["weights_seed_public_key"], s.models_root,
-                                               s.weights_seed_networks)
-    d.cdi_command = cdi_command(p, facts)
-    d.image = p.image
-    d.image_archive = s.vllm_image_archive or s.vllm_image_archives.get(p.image)
-    d.downloads = downloads(s, p, secrets, facts)
-    seed = d.downloads[0].seed if d.downloads else None  # every download's sources are the same
-    if seed and any(not (m := facts.models.get(x.directory.rsplit("/", 1)[-1])) or not m.complete
-                    for x in d.downloads):
+        out.update(seed_public_key=secrets["weights_seed_public_key"].line(),
+                   authorized_key=seed_authorized_key(secrets["weights_seed_public_key"], s.models_root,
+                                                      s.weights_seed_networks))
+    return out
+
+
+def weights(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> tuple[dict[str, Any], list[str]]:
+    """The image and the weights this plan needs (and where they come from), and the weights
+    directories no release here uses any more."""
+    wanted = downloads(s, p, secrets, facts)
+    warnings = []
+    seed = wanted[0].seed if wanted else None  # every download's sources are the same
+    if seed and any(not (m := facts.models.get(x.directory.rsplit("/", 1)[-1])) or not m.complete for x in wanted):
         seeds = seed if isinstance(seed, list) else [seed]
         peers = [x["host"] for x in seeds]
         if all(x.get("held") for x in seeds):  # a converge's origin fetcher asks the others first
-            d.warnings.append(f"weights: copied from the first of {', '.join(peers)} that holds a verified copy "
-                              "now (rsync over SSH, verified here), else fetched from the mirror")
+            warnings.append(f"weights: copied from the first of {', '.join(peers)} that holds a verified copy "
+                            "now (rsync over SSH, verified here), else fetched from the mirror")
         else:
-            d.warnings.append(f"weights: copied from {', then '.join(peers)} (rsync over SSH, verified here), "
-                              "then the mirror if no peer has them")
-    d.prune = unused_weights(s, p, facts)
+            warnings.append(f"weights: copied from {', then '.join(peers)} (rsync over SSH, verified here), "
+                            "then the mirror if no peer has them")
+    return dict(image=p.image, image_archive=s.vllm_image_archive or s.vllm_image_archives.get(p.image),
+                downloads=wanted, prune=unused_weights(s, p, facts)), warnings
+
+
+def serving(s: settings_mod.Settings, p: Plan, facts: Facts, daemon: dict, operator: str) -> dict[str, Any]:
+    """The GPU access probe, the frontend networks, the units, the release record and its audit line."""
     hint = ("use CDI (Docker >= 25 and a CDI spec; nvml_remedy: cdi) or set nvml_remedy: cgroupfs"
             if p.gpu_method == "gpus" else "check the CDI spec (nvidia-ctk cdi list) and the toolkit")
-    d.gpu_probe = GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
-                           gpu_access_signature(p, facts, d.daemon_json), hint)
-    d.gpu_access_record = facts.gpu_access
-    d.networks = {f.network: f.create for f in s.frontends}
     # with a front door, frontends reach it and the instances join no frontend network
     frontends = [] if front_door_wanted(s, p) or p.instances[0].group else s.frontends
     docker_major = versions.major(facts.docker.server)
-    d.units = {paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s.start_timeout), "0644")
-               for i in p.instances}
-    d.unit_names = [i.unit for i in p.instances]
     single = len(p.instances) == 1
-    if frontends:
-        d.attached = {i.name: dict(render.frontend_networks(frontends, i, single)) for i in p.instances}
-    if s.wait_ready:
-        d.ready_command = ready_command(p, s.ready_timeout)
-    d.release_id = render.release_id(p)
-    d.previous_release = (facts.release or {}).get("id")
-    d.keep_previous_command = keep_previous_command()
-    d.release_files = {paths.RELEASE: (render.release_record(p), "0644")}
-    d.audit_command = audit_command(operator, (
-        f"release {d.previous_release or 'none'} -> {d.release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
-        f"{len(p.instances)} instance(s))"))
-    for fe in frontends:
-        for i in p.instances:
-            alias = d.attached[i.name][fe.network]
-            d.frontend_lines.append(f"frontend {fe.name or fe.network}: base URL http://{alias}:8000/v1 "
-                                    f"model {p.served_name}")
-    if front_door_wanted(s, p):
-        _front_door(d, s, p, facts, secrets)
-    d.health_files = {paths.HEALTH_SCRIPT: (render.health_program(), "0755"),
-                      paths.HEALTH_CONFIG: (render.health_config(p, s, d.front_door), "0644"),
-                      paths.HEALTH_CRON: (render.health_cron(s), "0644")}
-    d.gpu_returns = fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.health), d.front_door)
+    attached = {i.name: dict(render.frontend_networks(frontends, i, single)) for i in p.instances} if frontends else {}
+    release_id, previous = render.release_id(p), (facts.release or {}).get("id")
+    return dict(
+        gpu_probe=GpuProbe(p.image, render.gpu_args(p.gpu_method, p.instances[0].gpu_uuids[:1]),
+                           gpu_access_signature(p, facts, daemon), hint),
+        gpu_access_record=facts.gpu_access, networks={f.network: f.create for f in s.frontends},
+        units={paths.unit_path(i.name): (render.unit(p, i, frontends, docker_major, s.start_timeout), "0644")
+               for i in p.instances},
+        unit_names=[i.unit for i in p.instances], attached=attached,
+        ready_command=ready_command(p, s.ready_timeout) if s.wait_ready else None,
+        release_id=release_id, previous_release=previous, keep_previous_command=keep_previous_command(),
+        release_files={paths.RELEASE: (render.release_record(p), "0644")},
+        audit_command=audit_command(operator, (
+            f"release {previous or 'none'} -> {release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
+            f"{len(p.instances)} instance(s))")),
+        frontend_lines=[f"frontend {fe.name or fe.network}: base URL http://{attached[i.name][fe.network]}:8000/v1 "
+                        f"model {p.served_name}" for fe in frontends for i in p.instances])
+
+
+def health(s: settings_mod.Settings, p: Plan, facts: Facts, front_door: bool) -> dict[str, Any]:
+    """The health program, its config and cron line, and the GPUs it drained that serve again."""
+    return dict(health_files={paths.HEALTH_SCRIPT: (render.health_program(), "0755"),
+                              paths.HEALTH_CONFIG: (render.health_config(p, s, front_door), "0644"),
+                              paths.HEALTH_CRON: (render.health_cron(s), "0644")},
+                gpu_returns=fleet_commands.gpu_returns(gpuhealth.returning(p.instances, facts.health), front_door))
 
 
 def front_door_wanted(s: settings_mod.Settings, p: Plan) -> bool:
@@ -494,7 +517,7 @@ def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: Facts) -> list
     if addr and have and addr not in have | {"0.0.0.0", "::"}:
         out.append(f"front_door_address {addr} is not an address of this host ({', '.join(sorted(have))}): "
                    "HAProxy could not listen on it")
-    return out
+    return vt.coded("front-door", out)
 
 
 def bridge_gateway(facts: Facts) -> str | None:
@@ -503,32 +526,35 @@ def bridge_gateway(facts: Facts) -> str | None:
     return v4[0] if v4 else None
 
 
-def _front_door(d: Desired, s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> None:
-    d.front_door = True
+def front_door(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
+    """The front door's config, drop-in, drain script and keys file, the drain restarts, and what
+    frontends are told."""
     bridge = bridge_gateway(facts)
-    d.front_door_config = render.front_door_config(p, s, bridge)
-    d.front_door_files = {paths.FRONT_DOOR_DROPIN: (render.FRONT_DOOR_DROPIN_TEXT, "0644"),
-                          paths.DRAIN_SCRIPT: (render.drain_script(p, s), "0755")}
-    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")}
-    # a running instance whose unit changed: drained, restarted, ready, back in (under the health
-    # check's lock, so a self-heal never runs meanwhile); one not running is started by units.running
-    # a serving group's one instance cannot be drained to others, and must restart with the rest of
-    # its group in the same step (units.running on every member): no drain restart for it
-    d.drain_restarts = [] if p.instances[0].group else [(paths.unit_path(i.name), i.unit,
-                         shell.join(["systemctl", "is-active", "-q", i.unit]) + " || exit 0; "
-                         + shell.join(["flock", "-w", 900, paths.HEALTH_LOCK, paths.DRAIN_SCRIPT, "restart", i.name]))
-                        for i in p.instances]
     where = s.front_door_address or bridge
+    warnings = []
     if s.frontends and not where:
-        d.warnings.append("the front door listens on 127.0.0.1 only: this host has no Docker bridge (docker0) "
-                          "and no front_door_address, so frontend containers cannot reach it")
-    for fe in s.frontends:
-        d.frontend_lines.append(
+        warnings.append("the front door listens on 127.0.0.1 only: this host has no Docker bridge (docker0) "
+                        "and no front_door_address, so frontend containers cannot reach it")
+    return dict(
+        front_door=True, front_door_config=render.front_door_config(p, s, bridge),
+        front_door_files={paths.FRONT_DOOR_DROPIN: (render.FRONT_DOOR_DROPIN_TEXT, "0644"),
+                          paths.DRAIN_SCRIPT: (render.drain_script(p, s), "0755")},
+        front_door_secrets={paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")},
+        # a running instance whose unit changed: drained, restarted, ready, back in (under the health
+        # check's lock, so a self-heal never runs meanwhile); one not running is started by units.running.
+        # A serving group's one instance cannot be drained to others, and must restart with the rest of
+        # its group in the same step (units.running on every member): no drain restart for it
+        drain_restarts=[] if p.instances[0].group else [
+            (paths.unit_path(i.name), i.unit, shell.join(["systemctl", "is-active", "-q", i.unit]) + " || exit 0; "
+             + shell.join(["flock", "-w", 900, paths.HEALTH_LOCK, paths.DRAIN_SCRIPT, "restart", i.name]))
+            for i in p.instances],
+        warnings=warnings,
+        frontend_lines=[
             f"frontend {fe.name or fe.network}: base URL http://{render.url_host(where or '127.0.0.1')}:"
             f"{s.front_door_port}/v1 (the front door; or host.docker.internal with extra_hosts "
             f"host.docker.internal:host-gateway) model {p.served_name}; the instances do not join "
             f"{fe.network} while the front door is on (front_door: false attaches each instance to it instead, "
-            "one endpoint per instance)")
+            "one endpoint per instance)" for fe in s.frontends])
 
 
 # ---------------------------------------------------------------------------- the fleet gateway
@@ -568,24 +594,20 @@ def gateway_config(host: str, s: settings_mod.Settings) -> str:
 
 def _gateway(i: HostInputs) -> Desired:
     """The gateway's desired state; refusals (one sentence each) and nothing else when it cannot be one."""
-    host, s, secrets = i.name, i.settings, dict(i.secrets)
-    d = Desired(host=host, summary=f"gateway host {host}")
-    d.refusals = [r for r in i.refusals if not r.startswith("could not read ")]  # no GPU facts are read there
-    if s is None or d.refusals:
-        return d
-    d.settings = s
-    _secrets_ok(s, secrets, d)
+    host, s = i.name, i.settings
+    head: dict[str, Any] = dict(host=host, summary=f"gateway host {host}")
+    refusals = [r for r in i.refusals if not r.startswith("could not read ")]  # no GPU facts are read there
+    if s is None or refusals:
+        return Desired(**head, refusals=refusals)
+    refusals += _secret_refusals(i.secrets)
     if not s.gateway_backends:
-        d.refusals.append("gateway_backends is empty: list the model endpoints of the GPU hosts "
-                          "(e.g. [{\"host\": \"10.0.0.5\", \"port\": 8800}]; docs/gateway.md)")
-    if d.refusals:
-        return d
-    d.front_door = True
-    d.front_door_config = gateway_config(host, s)
-    d.front_door_secrets = {paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(secrets['vllm_api_key'])}\n", "0600")}
-    d.secret_dirs = {paths.ETC: "0700"}
+        refusals.append(Refusal("gateway_backends is empty: list the model endpoints of the GPU hosts "
+                                "(e.g. [{\"host\": \"10.0.0.5\", \"port\": 8800}]; docs/gateway.md)", "gateway"))
+    if refusals:
+        return Desired(**head, refusals=refusals, settings=s)
     where = host if s.gateway_address in ("0.0.0.0", "::") else s.gateway_address
-    d.frontend_lines = [f"gateway: base URL http://{render.url_host(where)}:"
-                        f"{s.gateway_port}/v1 over {len(s.gateway_backends)} backend(s) "
-                        f"({', '.join(t for _, t in gateway_servers(s))})"]
-    return d
+    return Desired(
+        **head, settings=s, front_door=True, front_door_config=gateway_config(host, s), secret_dirs={paths.ETC: "0700"},
+        front_door_secrets={paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(i.secrets['vllm_api_key'])}\n", "0600")},
+        frontend_lines=[f"gateway: base URL http://{render.url_host(where)}:{s.gateway_port}/v1 over "
+                        f"{len(s.gateway_backends)} backend(s) ({', '.join(t for _, t in gateway_servers(s))})"])

@@ -24,7 +24,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Mapping, Union
+from typing import Annotated, Any, Callable, Mapping, Union, cast
 
 import pydantic
 
@@ -55,7 +55,7 @@ class List:
 @dataclass(frozen=True)
 class Map:
     spec: object
-    key: object = None  # a Check for the keys (None: any one-line string)
+    key: Check | None = None  # for the keys (None: any one-line string)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Obj:
 class Check:
     """A string of a constrained type: `problem(value)` is None or the sentence's tail
     (valuetypes' *_problem functions: a GPU UUID, a PCI bus id, an address)."""
-    problem: object
+    problem: Callable[[Any], str | None]
 
 
 @dataclass(frozen=True)
@@ -456,7 +456,7 @@ def _spec(tp, metadata=()) -> object:
     if origin is tuple:
         return List(_spec(args[0]))
     if origin in (dict, Mapping) or origin is typing.get_origin(Mapping[str, str]):
-        key = next((Check(m.problem) for m in metadata if isinstance(m, Keys)), None)
+        key = next((Check(cast(Any, m.problem)) for m in metadata if isinstance(m, Keys)), None)
         return Map(_spec(args[1]), key=key)
     if isinstance(tp, type) and issubclass(tp, _Fact):
         return _obj(tp)
@@ -478,7 +478,7 @@ def _obj(model: type[_Fact]) -> Obj:
 PARTS = {name: _spec(f.annotation, f.metadata) for name, f in Facts.model_fields.items()
          if name not in ("errors", "head_reach")}
 # a health row: its uuid typed, every other field typed by nvsmi.typed (the validator above)
-PARTS["health"].fields["?gpus"] = List(Obj({"uuid": Check(gpu_uuid_problem)}))
+cast(Obj, PARTS["health"]).fields["?gpus"] = List(Obj({"uuid": Check(gpu_uuid_problem)}))
 ERRORS = Map(str)  # not a part: what HostFacts.process adds, {part: sentence} of the parts it could not read
 
 
@@ -494,7 +494,7 @@ def _first_error(exc: pydantic.ValidationError, key: str) -> str:
 # what HostFacts.process adds (errors) and a worker's probe of its head
 _FIELDS = {**PARTS, "errors": ERRORS, "head_reach": Opt(_obj(HeadReach))}
 # each field's own validator, so a part is validated alone, without building a whole Facts per part
-_ADAPTERS = {name: pydantic.TypeAdapter(Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation)
+_ADAPTERS = {name: pydantic.TypeAdapter(cast(Any, Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation))
              for name, f in Facts.model_fields.items()}
 
 
@@ -531,7 +531,8 @@ def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
         return facts, []
     if not isinstance(facts, Mapping):
         return Facts(), [f"the host's facts are {shown(facts)}, not an object of HostFacts parts"]
-    values, problems = {}, []
+    values: dict[str, Any] = {}
+    problems: list[str] = []
     for key in _FIELDS:
         if key in facts:
             value, why = _typed_part(key, facts[key])

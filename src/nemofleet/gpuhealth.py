@@ -81,7 +81,7 @@ def read(health) -> Lookup:
                   fabric_manager=health.fabric_manager)
 
 
-def _row_of(gpu, rows: list[dict]) -> dict | None:
+def _row_of(gpu, rows) -> dict | None:
     for r in rows:
         if r.get("uuid") and r["uuid"] == gpu.uuid:
             return r

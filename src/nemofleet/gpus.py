@@ -6,9 +6,13 @@ sizes); flags that belong to one model's recipe live in recipes.py. Sources: doc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import re
 from dataclasses import dataclass
 
+from . import gpu_classes
+from .gpu_classes import CLASS_GROUPS, short_name  # noqa: F401  (read from here by the planner)
 from .valuetypes import host_number, shown
 
 MIB = 1024**2
@@ -43,65 +47,22 @@ ARCHS: dict[str, Arch] = {
 }
 
 
-@dataclass(frozen=True)
-class GpuClass:
-    """A GPU model the planner knows, used to say on which shapes a refused model would run."""
-    label: str  # as shown to operators: "A100 80 GiB"
-    name: str  # as nvidia-smi reports it
-    memory_mib: int
-    cc: str
-
-
-# Memory as nvidia-smi reports it (MiB); H200's figure was read on a real H200.
-GPU_CLASSES = [
-    GpuClass("A10G 22 GiB", "NVIDIA A10G", 23028, "8.6"),
-    GpuClass("L40S 45 GiB", "NVIDIA L40S", 46068, "8.9"),
-    GpuClass("A100 40 GiB", "NVIDIA A100-SXM4-40GB", 40960, "8.0"),
-    GpuClass("A100 80 GiB", "NVIDIA A100-SXM4-80GB", 81920, "8.0"),
-    GpuClass("H100 80 GiB", "NVIDIA H100 80GB HBM3", 81559, "9.0"),
-    GpuClass("H200 140 GiB", "NVIDIA H200", 143771, "9.0"),
-    GpuClass("B200 179 GiB", "NVIDIA B200", 183359, "10.0"),
-]
-
-# The GPU classes an inventory may group hosts by (group_data/gpu_<class>.py, the class as
-# short_name() names it): every GPU of NAME_TO_CC below with a short name, not only those
-# GPU_CLASSES sizes (docs/recipes.md#sm12x names GB10 a target). A class group without a
-# group_data file is fine.
-CLASS_NAMES = ("A10G", "A10", "A30", "A40", "L4", "L40", "L40S", "A100", "H20", "H100", "H200", "H800", "GH200",
-               "B200", "B300", "GB200", "GB300", "GB10")
-CLASS_GROUPS = tuple(f"gpu_{n.lower()}" for n in CLASS_NAMES)
-
-# Used when the driver does not report compute_cap (470 drivers).
-# Older drivers drop the "NVIDIA " prefix, so the names are matched as regexes.
-NAME_TO_CC = [
-    (re.compile(r"\bA100\b", re.I), "8.0"),
-    (re.compile(r"\bA10G?\b|\bA40\b|\bA30\b|RTX A\d+", re.I), "8.6"),
-    (re.compile(r"\bL40S?\b|\bL4\b|RTX 40\d\d", re.I), "8.9"),
-    (re.compile(r"\bH100\b|\bH200\b|\bH800\b|GH200", re.I), "9.0"),
-    (re.compile(r"\bB200\b|GB200", re.I), "10.0"),
-    (re.compile(r"\bB300\b|GB300", re.I), "10.3"),  # Blackwell Ultra: sm103
-    (re.compile(r"\bThor\b", re.I), "11.0"),
-    (re.compile(r"\bGB10\b", re.I), "12.1"),
-    (re.compile(r"RTX PRO 6000|RTX 50\d\d", re.I), "12.0"),
-]
-
-
 class UnsupportedGpu(ValueError):
     pass
 
 
 def cc_for_name(name: str) -> str | None:
-    for rx, cc in NAME_TO_CC:
-        if rx.search(name):
-            return cc
-    return None
+    """The compute capability of a GPU whose driver does not report it (470), from its class."""
+    c = gpu_classes.of(name)
+    return c.cc if c else None
 
 
 def arch_for_cc(cc: str) -> Arch:
     parts = [host_number(p, 0, 99) for p in cc.split(".")]  # nvidia-smi's text: '٩.٠' is no 9.0
-    if len(parts) != 2 or None in parts:
+    major, minor = (parts + [None, None])[:2] if len(parts) == 2 else (None, None)
+    if major is None or minor is None:
         raise UnsupportedGpu(f"compute capability {shown(cc)} is not of the form MAJOR.MINOR")
-    sm = parts[0] * 10 + parts[1]
+    sm = major * 10 + minor
     if sm >= 110:
         return ARCHS["sm12x"]
     if sm >= 100:
@@ -125,18 +86,12 @@ def arch_of(gpu) -> Arch:
     return arch_for_cc(cc)
 
 
-def short_name(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'H100'."""
-    m = re.search(r"\b([ABHL]\d{2,3}[SG]?|GH200|GB[23]00|GB10)\b", name)
-    return m.group(1) if m else name.replace("NVIDIA ", "")
-
-
 def label(gpu) -> str:
     """'H100 80 GiB': the unit operators compare with the plan's GiB figures."""
     return f"{short_name(gpu.name)} {gpu.memory_mib * MIB / GIB:.0f} GiB"
 
 
-def select(gpus: list, wanted: list | None) -> tuple[list, list[str]]:
+def select(gpus: list, wanted: Sequence | None) -> tuple[list, list[str]]:
     """The GPUs the plan may use, and a warning per GPU left out.
 
     `wanted` (the `gpus` setting) lists indices or UUIDs; None means every GPU without MIG.

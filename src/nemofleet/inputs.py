@@ -23,6 +23,7 @@ from typing import Mapping
 
 from . import factmodel
 from . import settings as settings_mod
+from . import valuetypes as vt
 from .gpus import CLASS_GROUPS as GPU_CLASS_GROUPS
 from .lockinfo import lock_refusal
 from .spec import (GATEWAY_GROUP, SECRET_KEYS, HostSpec, Secrets, facts_args, image_of, read, read_secrets,  # noqa: F401
@@ -104,8 +105,7 @@ def class_warning(groups, facts: factmodel.Facts) -> list[str]:
 
 def _pinned(s: settings_mod.Settings, commits: Mapping, refusals: list, warnings: list) -> settings_mod.Settings:
     """The settings with the model's revision replaced by the commit HubCommit resolved it to."""
-    spec = s.model
-    spec = {"catalog": spec} if isinstance(spec, str) else dict(spec)
+    spec: dict = {"catalog": s.model} if isinstance(s.model, str) else dict(s.model)
     for (endpoint, repo, rev), answer in commits.items():
         if isinstance(answer, Mapping) and "sha" in answer:
             spec["revision"] = answer["sha"]
@@ -113,8 +113,8 @@ def _pinned(s: settings_mod.Settings, commits: Mapping, refusals: list, warnings
                             f"serves that commit (pin it in group data to skip the query)")
         else:
             why = answer.get("error") if isinstance(answer, Mapping) else None
-            refusals.append(f"could not resolve revision {rev!r} of {repo}: {why or 'no answer'}; pin the model "
-                            "revision to a 40-hex commit or fix hf_endpoint")
+            refusals.append(vt.Refusal(f"could not resolve revision {rev!r} of {repo}: {why or 'no answer'}; pin the model "
+                            "revision to a 40-hex commit or fix hf_endpoint", "revision"))
     return s.model_copy(update={"model": spec})
 
 
@@ -159,12 +159,12 @@ def of(sp: HostSpec, facts, *, lock_token: str | None = None, now: float = 0.0, 
     commits = dict(commits) if isinstance(commits, Mapping) else {}
     typed, unreadable = factmodel.parse(facts)
     refusals, warnings = list(sp.refusals), list(sp.warnings) + class_warning(sp.groups, typed)
-    refusals += [f"this host's facts hold a value nemofleet cannot use: {why}" for why in unreadable]
+    refusals += vt.coded("facts", [f"this host's facts hold a value nemofleet cannot use: {why}" for why in unreadable])
     locked = lock_refusal(typed.lock.info() if typed.lock is not None else None, lock_token, now)
     if locked:
-        refusals.append(locked)
+        refusals.append(vt.Refusal(locked, "locked"))
     for part, why in sorted(typed.errors.items()):
-        refusals.append(f"could not read {part} on this host: {why}")
+        refusals.append(vt.Refusal(f"could not read {part} on this host: {why}", "facts"))
     s = sp.settings
     if s is not None and commits:
         s = _pinned(s, commits, refusals, warnings)

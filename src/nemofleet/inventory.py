@@ -161,8 +161,8 @@ def unapplied_groups(source: str, where: str) -> str | None:
         body = ast.parse(source).body
     except (SyntaxError, ValueError, RecursionError):
         return None  # its load says why (load_problem)
-    sets = [i for i, n in enumerate(body) if isinstance(n, (ast.Assign, ast.AnnAssign)) and any(
-        isinstance(t, ast.Name) and t.id == "serving_groups" for t in getattr(n, "targets", None) or [n.target])]
+    sets = [i for i, n in enumerate(body) if any(isinstance(t, ast.Name) and t.id == "serving_groups" for t in (
+        n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []))]
     calls = [i for i, n in enumerate(body) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
              and getattr(n.value.func, "id", getattr(n.value.func, "attr", None)) == "checked"]
     if sets and not any(c > sets[-1] for c in calls):

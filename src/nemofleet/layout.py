@@ -43,15 +43,6 @@ class NoFit(Exception):
         self.tp, self.mem, self.explicit = tp, mem, explicit
 
 
-def parse_settings(data) -> settings.Settings:
-    from .spec import settings_of
-
-    try:
-        return settings_of(data)
-    except settings.SettingsError as exc:
-        raise PlanError("; ".join(exc.problems)) from None
-
-
 def context(s: settings.Settings, local_meta: ModelDir | None) -> Ctx:
     try:
         model = catalog.resolve(s.model).with_local_meta(local_meta)
@@ -251,7 +242,7 @@ def fit_layout(ctx: Ctx, group: list[Gpu]) -> Layout:
     if tp_req and (tp_req > n or (n % tp_req and tp_req not in TP_SIZES)):
         raise PlanError(f"tensor_parallel_size {tp_req} does not divide {_gpus_phrase(ctx, group)}")
     # every TP this group allows is computed, so the choice can name the alternatives
-    sizes = sorted({t for t in TP_SIZES if (want or 1) * t <= n} | ({tp_req} - {None}))
+    sizes: list[int] = sorted({t for t in TP_SIZES if (want or 1) * t <= n} | ({tp_req} if tp_req else set()))
     if not sizes:
         raise PlanError(f"{want} instances of 1 GPU(s) do not fit {_gpus_phrase(ctx, group)}")
     mems = {t: memory_for(ctx, planned_flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched) for t in sizes}
@@ -262,7 +253,7 @@ def fit_layout(ctx: Ctx, group: list[Gpu]) -> Layout:
         raise NoFit(sizes[-1], mems[sizes[-1]], explicit=False)
     policy = s.tensor_parallel_policy
     policy = m.tp_policy if policy == "recipe" else policy
-    tp = tp_req or (fitting[0] if policy == "smallest" else fitting[-1])
+    tp: int = tp_req or (fitting[0] if policy == "smallest" else fitting[-1])
     count = want or n // tp
     if count * tp > n:
         raise PlanError(f"{count} instances of {tp} GPU(s) do not fit {_gpus_phrase(ctx, group)}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import valuetypes as vt
 
@@ -115,7 +116,7 @@ class Model:
         return dataclasses.replace(self, **changes)
 
 
-_LIGHTNING = dict(
+_LIGHTNING: dict[str, Any] = dict(
     architecture="NemotronHForCausalLM",
     max_context=1_048_576,
     attention_layers=6, kv_heads=2, head_dim=128,
@@ -132,7 +133,7 @@ _LIGHTNING = dict(
     },
 )
 
-_SUPER_VL = dict(
+_SUPER_VL: dict[str, Any] = dict(
     precision="bf16",
     weight_bytes=int(231.8 * GB),
     architecture="NemotronH_Nano_VL_V2",
@@ -391,6 +392,7 @@ def resolve(spec: dict | str) -> Model:
     """
     if isinstance(spec, str):
         spec = {"catalog": spec}
+    spec = vt.thawed(spec)  # a typed setting's FrozenMap: read as the mapping it was given as
     if not isinstance(spec, dict):
         raise UnknownModel(f"model must be a catalog name or a mapping, not {type(spec).__name__}")
     spec = dict(spec)

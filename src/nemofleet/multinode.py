@@ -18,6 +18,8 @@ NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME/VLLM_HOST_IP name the group's interface an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import ipaddress
 import re
 
@@ -51,7 +53,7 @@ def head_probe(host: str, s, peers: dict | None) -> tuple[str, int] | None:
     return where[1], port
 
 
-def member_address(addresses: dict, s) -> tuple[str, str] | str:
+def member_address(addresses: Mapping, s) -> tuple[str, str] | str:
     """(interface, address) this member uses for group traffic, or one sentence why none.
     An address inside serving_group_network on serving_group_interface (or on any interface that
     is not loopback or container plumbing); IPv4 before IPv6."""
@@ -117,7 +119,7 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
     """(instances, choice, warnings, env) of `host` as a member of its serving group, or PlanError.
     `peers`: {member: HostFacts} for every member (this host included)."""
     s = ctx.s
-    name, members = s.serving_group, s.serving_group_members
+    name, members = s.serving_group or "", s.serving_group_members
     if not members:
         raise PlanError(f"serving_group {name} has no members: list its hosts, head first, in the inventory's "
                         f"serving_groups (serving_groups = {{{name!r}: ['head', 'worker', ...]}})")
@@ -127,29 +129,29 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
         raise PlanError(f"serving_group {name} has {len(members)} members; nemofleet plans at most {MAX_NODES}")
     peers = peers or {}
     shapes, addrs, problems = {}, {}, []
-    for m in members:
-        f = peers.get(m)
+    for member in members:
+        f = peers.get(member)
         if f is None:
-            problems.append(f"{m} is not part of this run (deploy every member of {name} together: "
+            problems.append(f"{member} is not part of this run (deploy every member of {name} together: "
                             f"--limit {','.join(members)})")
             continue
         if isinstance(f, PeerMissing):  # no facts, no answer, or facts not of their types (factmodel)
-            problems.append(f"{m} {f.why}")
+            problems.append(f"{member} {f.why}")
             continue
         unread = sorted(f.errors.items())
-        if unread and m != host:  # this host's own unreadable parts are refused on their own
-            problems.append(f"{m}: could not read {unread[0][0]} ({unread[0][1][:160]})")
+        if unread and member != host:  # this host's own unreadable parts are refused on their own
+            problems.append(f"{member}: could not read {unread[0][0]} ({unread[0][1][:160]})")
             continue
-        gpus = _member_gpus(m, f, s)
+        gpus = _member_gpus(member, f, s)
         if isinstance(gpus, str):
-            problems.append(f"{m}: {gpus}")
+            problems.append(f"{member}: {gpus}")
             continue
-        shapes[m] = gpus
+        shapes[member] = gpus
         where = member_address(f.addresses, s)
         if isinstance(where, str):
-            problems.append(f"{m}: {where}")
+            problems.append(f"{member}: {where}")
         else:
-            addrs[m] = where
+            addrs[member] = where
     if problems:
         raise PlanError(f"serving_group {name} cannot be planned: " + "; ".join(problems))
     head = members[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from .gpu_classes import UNIFIED  # noqa: F401  (the boards whose memory is the system's)
 from .valuetypes import Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -52,7 +53,6 @@ NUMBERS = COUNTS + ("index", "memory.total")
 MIG_MODES = ("Enabled", "Disabled")
 # boards whose GPU shares the system memory and prints memory.total as [N/A]: DGX Spark (GB10) and
 # Jetson Thor (docs/recipes.md#unified-memory); no other GPU may be sized from MemTotal
-UNIFIED = re.compile(r"\bGB10\b|\bThor\b", re.I)
 
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)

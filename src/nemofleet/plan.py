@@ -24,7 +24,7 @@ from . import settings, vllm_flags
 from .factmodel import Health, ModelDir
 from .memory import Memory
 from .gpuaccess import gpu_access
-from .layout import (Ctx, Layout, NoFit, context, extra_args, fit_layout, memory_for, parse_settings,
+from .layout import (Ctx, Layout, NoFit, context, extra_args, fit_layout, memory_for,
                      planned_flags, validate)
 from .planmodel import Gpu, Instance, INSTANCE_NAME, MIB, Mount, Plan, PlanError
 from .planprose import departures, precision_warning, refusal, safe_line_warning, unverified_arch_warning
@@ -42,14 +42,13 @@ __all__ = ["CONTAINER_PORT", "GIB", "Departure", "Gpu", "GroupRole", "Instance",
 # ---------------------------------------------------------------------------- plan
 
 
-def start(gpus: list[Gpu], data, local_meta: ModelDir | None = None, health: Health | None = None):
+def start(gpus: list[Gpu], s: settings.Settings, local_meta: ModelDir | None = None, health: Health | None = None):
     """What every plan starts from, a single host's or a serving group member's
     (multinode.make_group_plan): (settings, context, usable GPUs, warnings, the GPUs selected
     before admission, {uuid: sentence} of those GPU health left out). `health`: the host's GPU
     health fact (facts/gpuhealth.py); a GPU that must not serve is left out like a MIG GPU."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
-    s = parse_settings(data)
     ctx = context(s, local_meta)
     try:
         usable, warnings = gpu_table.select(gpus, s.gpus)
@@ -67,7 +66,7 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
               cdi_available: bool = False, cgroup_version: int | None = None,
               cgroup_driver: str | None = None, local_meta: ModelDir | None = None,
               health: Health | None = None) -> Plan:
-    """Decide what single host `host` serves. `data` is its Settings (host data is parsed). Raises
+    """Decide what single host `host` serves. `data`: its Settings (the host spec's). Raises
     PlanError with one sentence on any impossibility. A member of a multi-node serving group is
     planned by multinode.make_group_plan (planning.for_host chooses). `health`: see start()."""
     s, ctx, usable, warnings, selected, sick = start(gpus, data, local_meta, health)
@@ -210,7 +209,7 @@ def _weights(ctx: Ctx) -> tuple[list[Mount], list[dict]]:
     mdir = catalog.host_dir_name(m.repo, m.revision)
     mounts = [Mount(f"{root}/{mdir}", ctx.model_path)]
     downloads = [{"repo": m.repo, "revision": m.revision, "dir": f"{root}/{mdir}"}]
-    if ctx.spec in ctx.draft_paths:
+    if ctx.spec and ctx.spec in ctx.draft_paths:
         d = m.drafts[ctx.spec]
         ddir = catalog.host_dir_name(d.repo, d.revision)
         mounts.append(Mount(f"{root}/{ddir}", f"/models/{catalog.local_dir_name(d.repo)}"))

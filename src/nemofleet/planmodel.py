@@ -10,7 +10,6 @@ import re
 from dataclasses import dataclass, field
 
 from . import models as catalog
-from .factmodel import Gpu as FactGpu
 from .memory import Memory
 
 
@@ -164,8 +163,8 @@ class Plan:
 
 
 def gpus_from_facts(rows) -> list[Gpu]:
-    """The planner's GPUs from the typed facts' (factmodel.Gpu; a JSON row of a fixture is typed
-    the same way): the fields nvidia-smi reported, the planner's defaults for the rest."""
-    typed = [r if isinstance(r, FactGpu) else FactGpu.model_validate(r) for r in rows]
+    """The planner's GPUs from the typed facts' rows (factmodel.Gpu): the fields nvidia-smi
+    reported, the planner's defaults for the rest."""
+    typed = rows
     names = {f.name for f in dataclasses.fields(Gpu)}
     return [Gpu(**{k: getattr(r, k) for k in r.model_fields_set if k in names}) for r in typed]

@@ -12,7 +12,6 @@ from . import models as catalog
 from . import multinode, plan, settings, versions
 from .plan import PlanError  # noqa: F401  (callers catch it from here)
 
-MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec
 
 
 def for_host(host: str, facts: factmodel.Facts, s: settings.Settings, group_facts: dict | None = None) -> plan.Plan:
@@ -27,7 +26,7 @@ def for_host(host: str, facts: factmodel.Facts, s: settings.Settings, group_fact
             host, gpus, s,
             # a CDI spec exists, or the toolkit can generate one (the host configuration does)
             docker_version=docker.server,
-            cdi_available=bool(tk.cdi_specs) or versions.parse(tk.version) >= MIN_TOOLKIT,
+            cdi_available=bool(tk.cdi_specs) or versions.parse(tk.version) >= versions.MIN_TOOLKIT,
             cgroup_version=facts.cgroup, cgroup_driver=docker.cgroup_driver,
             local_meta=checkpoint_meta(facts, s), health=facts.health, **kw,
         )

@@ -6,8 +6,10 @@ the departures from the published command the plan follows, each with what resto
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 import re
 
+from . import gpu_classes
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import recipes, vllm_flags
@@ -61,7 +63,8 @@ def _shapes(ctx: Ctx, host_group: list[Gpu] | None = None) -> list[str]:
             return count * mib, f"{count}x {label} (TP{lay.tp}, max_num_seqs {lay.seqs})"
         return None
 
-    found = [f for f in (smallest(c.name, c.memory_mib, c.cc, False, c.label) for c in gpu_table.GPU_CLASSES) if f]
+    found = [f for f in (smallest(z.name, z.memory_mib, c.cc, False, z.label) for c in gpu_classes.CLASSES
+                         for z in c.sizes) if f]
     shown = sorted(found)[:4]
     if host_group and not host_group[0].unified:  # a unified-memory board has one GPU: no larger count
         g = host_group[0]
@@ -167,6 +170,13 @@ _LINES = {"a100": "the A100 README", "h100": "the day-one post's H100 line",
           "super-vl": "the article", "generic": "a command without them"}
 
 
+def _class(lay: Layout) -> gpu_classes.GpuClass:
+    """The GPU class of the layout's GPUs (gpu_classes); an sm12x GPU no row names follows the DGX
+    Spark line, unverified."""
+    return gpu_classes.of(lay.gpus[0].name) or gpu_classes.GpuClass("?", "", lay.ctx.cc, line="dgx-spark",
+                                                                   verified=False)
+
+
 def _line(lay: Layout) -> str | None:
     """Which published command this plan follows: Lightning's A100 README on Ampere/Ada, the
     day-one post's H100 line on Hopper/Blackwell, its Jetson line on Jetson Thor (cc 11.x) and its
@@ -178,13 +188,13 @@ def _line(lay: Layout) -> str | None:
             return "a100"
         if arch in ("hopper", "blackwell"):
             return "h100"
-        return "jetson" if lay.ctx.cc.startswith("11.") else "dgx-spark"
+        return _class(lay).line or "dgx-spark"
     return {"super-vl": "super-vl", "generic": "generic"}.get(fam)
 
 
 def _model_restore(s, **fields) -> dict:
     """The `model:` setting with these fields changed (a catalog key becomes {catalog: key, ...})."""
-    base = dict(s.model) if isinstance(s.model, dict) else {"catalog": s.model}
+    base = dict(s.model) if isinstance(s.model, Mapping) else {"catalog": s.model}
     return {"model": {**base, **fields}}
 
 
@@ -230,7 +240,7 @@ def departures(lay: Layout) -> list[Departure]:
             add(["--trust-remote-code"], f"--trust-remote-code added ({src} leaves it out): the A100 README and "
                 "the Jetson line pass it for the same checkpoints (docs/recipes.md#lightning-a100)",
                 _model_restore(s, trust_remote_code=False))
-        parsers = ([] if line != "dgx-spark" or not m.reasoning_parser else
+        parsers: list[tuple[str, str | None]] = ([] if line != "dgx-spark" or not m.reasoning_parser else
                    [("--reasoning-parser", m.reasoning_parser)])
         if m.tool_call_parser and line in ("dgx-spark", "jetson"):
             parsers += [("--tool-call-parser", m.tool_call_parser), ("--enable-auto-tool-choice", None)]
@@ -320,7 +330,7 @@ def unverified_arch_warning(lay: Layout) -> str | None:
         return (f"{gpu_table.label(g)} ({where}) is planned as Blackwell with {' '.join(vllm_flags.render(sm100))}, "
                 "which the sources nemofleet follows name for sm100 only (docs/recipes.md#sm103): unverified on this "
                 f"GPU; vllm_extra_args: {{{override}}} lets vLLM choose the kernels itself")
-    if arch == "sm12x" and not (lay.ctx.cc.startswith("11.") or lay.ctx.cc == "12.1"):
+    if arch == "sm12x" and not _class(lay).verified:
         rows = [n for n, _ in recipe_rows(lay.ctx, arch)]
         if not rows:
             return None

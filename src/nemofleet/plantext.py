@@ -13,7 +13,8 @@ _HEAD = ("instance", "GPUs", "GPU", "port", "TP", "EP", "context", "seqs", "GiB 
 
 def gpu_ranges(indices: list[int]) -> str:
     """[0,1,2,3,5] -> '0-3,5'."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for i in sorted(indices):
         if run and i == run[-1] + 1:
             run.append(i)

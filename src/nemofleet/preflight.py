@@ -7,15 +7,14 @@ other hosts continue (pyinfra fails only the host whose command fails).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 from . import factmodel, gpuhealth
-from . import plan as planner
-from . import planning
+from .planmodel import Plan
 from . import vllm_flags
 from .nvsmi import REFUSED_FIELD
-from .settings import Settings, SettingsError
-from .spec import settings_of as parse_settings
+from .settings import Settings
+from .valuetypes import Refusal, coded
+from .versions import MIN_TOOLKIT
 from .versions import parse as vt
 
 # Minimum driver per CUDA version, GA releases (NVIDIA's CUDA 13.2 U2 release notes, table 3;
@@ -26,18 +25,6 @@ CUDA_MIN_DRIVER = {
     "12.3": "545.23.06", "12.2": "535.54.03", "12.1": "530.30.02", "12.0": "525.60.13",
 }
 MIN_DOCKER = (20, 10)  # --gpus needs 19.03; Debian 12's docker.io is 20.10
-MIN_TOOLKIT = planning.MIN_TOOLKIT
-
-
-@dataclass
-class Verdict:
-    plan: planner.Plan | None
-    refusals: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refusals and self.plan is not None
 
 
 def summary(facts: factmodel.Facts) -> str:
@@ -77,41 +64,7 @@ def image_cuda(facts: factmodel.Facts, image: str, setting: str | None = None) -
     return (cuda, "table") if cuda else (None, "")
 
 
-def check(host: str, facts, s: Settings | dict, peers: dict | None = None) -> Verdict:
-    """The verdict for one host, composed the way desired.decide composes it (gpu_refusal, the
-    planning.for_host, after_plan); `facts` its Facts (HostFacts' output is parsed); `s` its
-    Settings (a plain dict of host data is parsed); `peers`: the HostFacts of its serving group's
-    members (multinode.py), if it is in one."""
-    v = Verdict(plan=None)
-    facts, unreadable = factmodel.parse(facts)
-    if unreadable:
-        v.refusals += unreadable
-        return v
-    peers = {m: factmodel.parse_peer(m, f) for m, f in (peers or {}).items()}
-    if not isinstance(s, Settings):
-        try:
-            s = parse_settings(s)
-        except SettingsError as exc:
-            v.refusals += exc.problems
-            return v
-    why = host_refusal(facts)
-    if why:
-        v.refusals.append(why)
-        return v
-    try:
-        p = planning.for_host(host, facts, s, {**(peers or {}), host: facts} if s.serving_group else None)
-    except planner.PlanError as exc:
-        v.refusals.append(str(exc))
-        return v
-    v.plan = p
-    v.warnings += p.warnings
-    refused, warned = after_plan(facts, s, p)
-    v.refusals += refused
-    v.warnings += warned
-    return v
-
-
-def after_plan(facts: factmodel.Facts, s: Settings, p: planner.Plan) -> tuple[list[str], list[str]]:
+def after_plan(facts: factmodel.Facts, s: Settings, p: Plan) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of the checks over a host and the plan made for it: driver vs the
     image's CUDA, persistence mode, toolkit and Docker, disk for the weights."""
     refusals: list[str] = []
@@ -119,23 +72,26 @@ def after_plan(facts: factmodel.Facts, s: Settings, p: planner.Plan) -> tuple[li
     try:
         refused, warned = _driver_refusals(facts, s.vllm_image, s.vllm_image_cuda)
     except vllm_flags.UnknownVersion as exc:
-        return [str(exc)], warnings
-    refusals += refused
+        return [Refusal(str(exc), "vllm-version")], warnings
+    refusals += coded("driver", refused)
     warnings += warned
     off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
     if off:
         warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
                         "jobs); enable nvidia-persistenced")
-    refusals += _runtime_refusals(facts.toolkit, facts.docker)
-    refusals += _disk_refusals(facts, p, s)
+    refusals += coded("container-runtime", _runtime_refusals(facts.toolkit, facts.docker))
+    refusals += coded("disk", _disk_refusals(facts, p, s))
     return refusals, warnings
 
 
 def host_refusal(facts: factmodel.Facts) -> str | None:
     """Before any plan: is there a driver and a GPU (gpu_refusal), and on an NVSwitch system a
     fabric manager of the driver's version (gpuhealth.fabric_refusal: CUDA fails with error 802)?"""
-    return gpu_refusal(facts.gpus) or gpuhealth.fabric_refusal(facts.health, facts.gpus.driver,
-                                                                [g.name for g in facts.gpus.gpus])
+    why = gpu_refusal(facts.gpus)
+    if why:
+        return Refusal(why, "gpu")
+    why = gpuhealth.fabric_refusal(facts.health, facts.gpus.driver, [g.name for g in facts.gpus.gpus])
+    return Refusal(why, "fabric") if why else None
 
 
 def gpu_refusal(g: factmodel.Gpus) -> str | None:
@@ -203,7 +159,7 @@ def _runtime_refusals(tk: factmodel.Toolkit, docker: factmodel.Docker) -> list[s
     return out
 
 
-def _disk_refusals(facts: factmodel.Facts, p: planner.Plan, s: Settings) -> list[str]:
+def _disk_refusals(facts: factmodel.Facts, p: Plan, s: Settings) -> list[str]:
     free = facts.disk_free
     if free is None:
         return []

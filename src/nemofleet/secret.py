@@ -27,6 +27,7 @@ class Secret:
     """A secret value; shown as "<secret>" everywhere but `reveal()`."""
 
     __slots__ = ("_value",)
+    _value: str
 
     def __init__(self, value: str):
         if not isinstance(value, str):

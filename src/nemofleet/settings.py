@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import difflib
 import re
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 import pydantic
 
@@ -275,252 +276,14 @@ def _driver_packages(value) -> str | None:
     return None
 
 
-_S, _I, _F, _B, _D, _L, _N = str, int, float, bool, dict, list, type(None)
-
-KEYS: list[Key] = [
-    # --- what to serve
-    Key("model", (_S, _D), "nemotron-3.5-lightning-nvfp4",
-        "catalog key (`nemofleet models`) or mapping {catalog|repo, revision, ...}; pin revision to a commit",
-        "model", check=_model),
-    Key("vllm_image", (_S,), DEFAULT_IMAGE, "vLLM image reference (tag decides the flag table)", "model",
-        pattern=IMAGE),
-    # --- added for the plan's third pass (issue 40 point 5) ---
-    Key("vllm_image_cuda", (_S, _N), None, "CUDA version the vLLM image needs (e.g. 13.0), where neither the "
-        "image's own NVIDIA_REQUIRE_CUDA nor nemofleet's version table gives it", "model", pattern=r"^\d{1,2}\.\d$"),
-    # --- end of the plan's third pass block ---
-    Key("vllm_image_archive", (_S, _N), None, "`docker save` archive on the controller to load instead of pulling",
-        "model", pattern=HOME_PATH),
-    Key("vllm_image_archives", (_D,), {}, "{image reference: archive path} for air-gapped hosts", "model",
-        check=_str_map("image", IMAGE, HOME_PATH)),
-    Key("image_registry_rewrite", (_D,), {}, "{prefix: replacement} for registries Docker's mirrors do not cover",
-        "model", check=_str_map("prefix", r"[a-z0-9][a-z0-9._/:-]*", r"[a-z0-9][a-z0-9._/:-]*")),
-    Key("models_root", (_S,), "/srv/nemofleet/models", "weights directory on the host (the fleet seed key may read "
-        "all of it: never / or a system directory)", "model", pattern=ABS_PATH, check=vt.managed_dir_problem),
-    # --- serving plan
-    Key("max_model_len", (_I, _N), None, "context length (default: the model's default context)", "serving",
-        minimum=1, maximum=2**27),
-    Key("max_num_seqs", (_I, _N), None, "concurrent sequences per instance (default per GPU architecture)",
-        "serving", minimum=1, maximum=65536),
-    Key("max_num_batched_tokens", (_I, _N), None, "tokens per batch (default per GPU architecture)", "serving",
-        minimum=1, maximum=2**27),
-    Key("gpu_memory_utilization", (_F, _I), 0.90, "fraction of each GPU's memory vLLM may use", "serving",
-        minimum=0.01, maximum=1.0),
-    Key("tensor_parallel_size", (_I, _N), None, "GPUs per instance (default: chosen by tensor_parallel_policy)", "serving",
-        minimum=1, maximum=1024),
-    Key("instances", (_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1,
-        maximum=1024),
-    Key("tensor_parallel_policy", (_S,), "recipe",
-        "TP when tensor_parallel_size is unset: recipe (the model's, docs/recipes.md) | smallest (most instances) "
-        "| largest (one instance over the GPUs)", "serving", choices=("recipe", "smallest", "largest")),
-    Key("gpus", (_L, _N), None, "GPUs to serve on, by index or UUID (default: every GPU without MIG)", "serving",
-        check=_gpu_refs),
-    Key("speculative", (_S, _N), None, "mtp | dflash | dspark | none (default: the model's)", "serving",
-        choices=("mtp", "dflash", "dspark", "none", "")),
-    Key("num_speculative_tokens", (_I, _N), None, "speculative tokens (default: the model's)", "serving",
-        minimum=1, maximum=16),
-    Key("kv_cache_dtype", (_S, _N), None, "KV cache dtype (default: the checkpoint's)", "serving",
-        pattern=r"[a-z0-9_]+"),
-    # --- added for the seed recipes (issue 37 points 6 and 9, issue 40 point 7) ---
-    Key("recipe_flags", (_B,), True, "emit the recipe rows of docs/recipes.md for the model and GPU (false: only "
-        "the flags the plan owns and vllm_extra_args, as a published line that sets none of them)", "serving"),
-    # --- end of the seed recipes block ---
-    Key("vllm_extra_args", (_D,), {}, "extra vLLM flags {flag: value|true}, checked against the pinned version",
-        "serving", check=_flag_map),
-    Key("instance_extra_args", (_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
-        check=_instance_flags),
-    Key("port_base", (_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535),
-    Key("bind_address", (_S,), "127.0.0.1", "address the ports are published on", "serving", check=_ip),
-    Key("instance_prefix", (_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}"),
-    Key("drain_seconds", (_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
-        minimum=0, maximum=3600),
-    Key("start_timeout", (_I,), 1800, "systemd TimeoutStartSec of a vLLM unit", "serving", minimum=60,
-        maximum=86400),
-    Key("ready_timeout", (_I,), 1200, "seconds the deploy waits for /health after a (re)start", "serving",
-        minimum=1, maximum=86400),
-    Key("wait_ready", (_B,), True, "wait for (re)started instances to be ready", "serving"),
-    # --- GPU access
-    Key("gpu_selection", (_S,), "auto", "auto (CDI when usable) | cdi | gpus", "gpu", choices=("auto", "cdi", "gpus")),
-    Key("nvml_remedy", (_S,), "cdi", "NVML 'Unknown Error' remedy: cdi | cgroupfs | none", "gpu",
-        choices=("cdi", "cgroupfs", "none")),
-    Key("nvidia_dev_char_rule", (_B,), True, "install the /dev/char udev rule for NVIDIA devices", "gpu"),
-    # --- secrets and Hugging Face
-    Key("vllm_api_key", (_S, _N), None, "API key for /v1 (prefer vllm_api_key_file)", "secrets", secret=True,
-        pattern=r"[\x21-\x7e]{8,512}"),
-    Key("vllm_api_key_file", (_S, _N), "~/.config/nemofleet/api-key", "file on the controller holding the API key",
-        "secrets", pattern=HOME_PATH),
-    Key("hf_token", (_S, _N), None, "Hugging Face token for gated repos (prefer hf_token_file)", "secrets",
-        secret=True, pattern=r"[\x21-\x7e]{4,512}"),
-    Key("hf_token_file", (_S, _N), "~/.config/nemofleet/hf-token", "file on the controller holding the HF token",
-        "secrets", pattern=HOME_PATH),
-    Key("hf_endpoint", (_S, _N), None, "Hugging Face mirror URL (HF_ENDPOINT); none: huggingface.co", "weights",
-        pattern=SAFE_URL, check=lambda v: _no_credentials(v, "give the mirror a token in hf_token_file instead "
-                                                             "(sent as a Bearer header from a 0600 file)")),
-    Key("weights_verify", (_S,), "marker", "marker (header check once, then the marker) | full (every run)",
-        "weights", choices=("marker", "full")),
-    Key("weights_keep_revisions", (_I,), 2,
-        "weights directories kept per repo: 2 = this release's and the one before (for rollback)", "weights",
-        minimum=1, maximum=2),
-    Key("weights_seed_from", (_S, _D, _L, _N), None, "peer host (or list, tried in order) to copy weights from "
-        "before the mirror; unset: the fleet fan-out chooses (docs/fanout.md)", "weights", check=_seed),
-    Key("weights_fanout", (_B,), True, "in a converge or rollout of several hosts, fetch each model from the origin once and "
-        "copy it from host to host (needs the fleet seed key; docs/fanout.md)", "weights"),
-    Key("weights_peer_address", (_S, _N), None, "name or address other hosts reach this host's sshd at for a "
-        "weights copy (none: its ssh_hostname unless a loopback one, else the inventory name)", "weights",
-        pattern=HOSTNAME),
-    Key("weights_peer_bwlimit", (_S, _I, _N), None, "rsync --bwlimit of a weights copy from a peer (KiB/s, or "
-        "with a K/M/G suffix, e.g. 200M), so a serving source is not starved; none: unbounded", "weights",
-        pattern=r"[1-9][0-9]{0,8}[KMG]?", minimum=1, maximum=999_999_999),
-    Key("weights_seed_key", (_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
-        "weights", secret=True, multiline=True, check=_pem_key),
-    Key("weights_seed_key_file", (_S, _N), None, "file on the controller: private key for peer seeding", "weights",
-        pattern=HOME_PATH),
-    Key("weights_seed_public_key_file", (_S, _N), None, "its public key (exactly one), authorised read-only on every "
-        "host", "weights", pattern=HOME_PATH),
-    Key("weights_seed_networks", (_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
-        "networks (CIDR) the fleet seed key is accepted from (authorized_keys from=; default: the private ranges)",
-        "weights", check=lambda v: _networks(v) or (None if v else "must list at least one network")),
-    # --- Docker daemon.json and proxies
-    Key("docker_default_runtime", (_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
-        pattern=r"[a-z0-9][a-z0-9_.-]*"),
-    Key("docker_registry_mirrors", (_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
-        pattern=SAFE_URL, check=lambda v: next(filter(None, (_no_credentials(u, "log dockerd in with `docker login` "
-                                                                                "instead") for u in v or [])), None)),
-    Key("docker_insecure_registries", (_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
-        "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+"),
-    Key("docker_log_driver", (_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
-        check=lambda v: None if v is None or v in LOG_DRIVERS else
-        f"{vt.shown(v)} is not one of Docker's log drivers ({', '.join(LOG_DRIVERS)}); dockerd would refuse to start"),
-    Key("docker_log_opts", (_D, _N), {"max-size": "100m", "max-file": "3"},
-        "daemon.json log-opts, string values (none: leave as is)", "docker"),
-    Key("docker_exec_opts", (_L, _N), None, "daemon.json exec-opts (none: nemofleet decides for the NVML trap)",
-        "docker", pattern=r"[a-z.]+=[A-Za-z0-9_.-]+"),
-    Key("http_proxy", (_S, _N), None, "proxy for dockerd (image pulls)", "docker", pattern=SAFE_URL),
-    Key("https_proxy", (_S, _N), None, "HTTPS proxy for dockerd", "docker", pattern=SAFE_URL),
-    Key("no_proxy", (_S, _N), None, "hosts dockerd reaches directly", "docker", pattern=NO_PROXY),
-    # --- frontends
-    Key("frontends", (_L,), [], "Docker networks of the frontends [{name, network, alias, create}]; the "
-        "instances join them, or with a front door the frontends reach it",
-        "frontends", check=_frontends),
-    # --- front door
-    Key("front_door", (_B, _N), None, "one HAProxy endpoint per host in front of the instances "
-        "(none: on when the host has more than one instance)", "front_door"),
-    Key("front_door_port", (_I,), 8800, "port of the front door (on 127.0.0.1 and front_door_address)", "front_door",
-        minimum=1, maximum=65535),
-    Key("front_door_address", (_S, _N), None, "address the front door also listens on for containers (none: "
-        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip),
-    Key("front_door_timeout", (_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
-        "(and at the gateway)", "front_door", minimum=30, maximum=86400),
-    # --- multi-node serving groups (one model over several hosts on vLLM's own distributed runtime)
-    Key("serving_group", (_S, _N), None, "the multi-node serving group this host is a member of (the inventory's "
-        "serving_groups fills it; none: the host serves on its own)", "multinode", pattern=GROUP_NAME),
-    Key("serving_group_members", (_L, _N), None, "the group's hosts in rank order, the head first (the inventory's "
-        "serving_groups fills it)", "multinode", check=_members),
-    Key("serving_group_parallel", (_S,), "pp", "how the group splits the model: pp (TP = GPUs per host, PP = hosts, "
-        "vLLM's advice) | tp (TP over every GPU of the group) | dp (one replica per TP group, one API on the head)",
-        "multinode", choices=("pp", "tp", "dp")),
-    Key("serving_group_master_port", (_I,), 29501, "the head's rendezvous port (vLLM --master-port)", "multinode",
-        minimum=1024, maximum=65535),
-    Key("serving_group_dp_rpc_port", (_I,), 13345, "the head's data-parallel RPC port (vLLM --data-parallel-rpc-port)",
-        "multinode", minimum=1024, maximum=65535),
-    Key("serving_group_interface", (_S, _N), None, "the NIC group traffic uses (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME; "
-        "none: the interface whose address is in serving_group_network)", "multinode", pattern=r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}"),
-    Key("serving_group_network", (_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
-        "the private networks group traffic may use (vLLM's inter-node traffic is not encrypted)", "multinode",
-        check=_networks),
-    Key("serving_group_allow_public", (_B,), False, "allow a rendezvous address outside serving_group_network",
-        "multinode"),
-    Key("serving_group_ib_hca", (_S, _N), None, "NCCL_IB_HCA: the InfiniBand/RoCE adapters NCCL uses (none: NCCL's choice)",
-        "multinode", pattern=r"\^?=?[A-Za-z0-9_:,.-]{1,200}"),
-    Key("serving_group_join_timeout", (_I,), 600, "seconds a worker waits for the head's rendezvous port before it fails",
-        "multinode", minimum=10, maximum=86400),
-    # --- fleet gateway (deploys/gateway.py, hosts of the inventory group `gateway`)
-    Key("gateway_backends", (_L,), [], "the model endpoints a gateway host balances over [{host, port, name}]: "
-        "each GPU host's front door (front_door_port) or, with one instance, its instance port", "gateway",
-        check=_gateway_backends),
-    Key("gateway_port", (_I,), 8800, "port of the gateway's one endpoint", "gateway", minimum=1, maximum=65535),
-    Key("gateway_address", (_S,), "0.0.0.0", "address the gateway listens on (0.0.0.0: every address)", "gateway",
-        check=_ip),
-    Key("gateway_fall", (_I,), 3, "failed /health checks (2 s apart) before the gateway ejects a backend",
-        "gateway", minimum=1, maximum=100),
-    Key("gateway_rise", (_I,), 2, "passed /health checks before an ejected backend takes requests again",
-        "gateway", minimum=1, maximum=100),
-    # --- health
-    Key("health_schedule", (_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON,
-        check=vt.cron_problem),
-    Key("health_check_infer", (_B,), False, "also run a tiny inference probe", "health"),
-    Key("health_fail_restart", (_I,), 0, "restart an instance after N consecutive failures (0: off)", "health",
-        minimum=0, maximum=100),
-    Key("health_restart_grace", (_I,), 1200,
-        "no self-heal restart of an instance not yet healthy since its start, for N s (it is loading)",
-        "health", minimum=0, maximum=86400),
-    Key("health_restarts_per_hour", (_I,), 3, "cap on self-heal restarts per instance per hour", "health",
-        minimum=0, maximum=60),
-    Key("health_webhook_url", (_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
-        secret=True, pattern=SAFE_URL),
-    Key("prom_dir", (_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
-        pattern=ABS_PATH, check=vt.managed_dir_problem),
-    Key("expected_host_key", (_S, _N), None,
-        "SSH host key fingerprint `nemofleet rebuild` expects of the reinstalled host (SHA256:...)", "fleet",
-        pattern=r"SHA256:[A-Za-z0-9+/]{43}"),
-    # --- opt-in installs
-    Key("install_container_toolkit", (_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
-        "bootstrap"),
-    Key("container_toolkit_version", (_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
-        check=lambda v: None if v is None or re.fullmatch(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", v) else
-        f"must be a pinned package version such as '1.18.0-1' (got {vt.shown(v)})"),
-    Key("container_toolkit_repo", (_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
-        pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
-    Key("container_toolkit_key_file", (_S, _N), None, "the repository's signing key (file on the controller)",
-        "bootstrap", pattern=HOME_PATH),
-    Key("install_nvidia_driver", (_B,), False, "install the NVIDIA driver branch (pinned, held, reboot)",
-        "bootstrap"),
-    Key("nvidia_driver_branch", (_S, _I, _N), None, "driver branch, e.g. 580", "bootstrap", pattern=r"[0-9]{3}",
-        minimum=100, maximum=999),
-    Key("nvidia_driver_packages", (_L, _N), None, "driver packages ({branch} expands)", "bootstrap",
-        pattern=r"[a-z0-9][a-z0-9.+{}-]*", check=_driver_packages),
-    Key("nvidia_driver_repo", (_S, _N), None, "flat apt repository of the driver (none: the host's sources)",
-        "bootstrap", pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?"),
-    Key("nvidia_driver_key_file", (_S, _N), None, "its signing key (file on the controller)", "bootstrap",
-        pattern=HOME_PATH),
-]
-
-BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
-assert len(BY_NAME) == len(KEYS), "a settings key is declared twice"
-
-
-def _pyinfra_keys() -> frozenset[str]:
-    """Host-data keys pyinfra itself reads: every connector's data_meta (ssh_*, docker_identifier...)."""
-    names: set[str] = set()
-    try:
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group="pyinfra.connectors"):
-            try:
-                names.update(getattr(ep.load(), "data_meta", {}) or {})
-            except Exception:  # a broken third-party connector must not break validation
-                continue
-    except Exception:
-        pass
-    return frozenset(names)
-
-
-_PYINFRA = None
-
-
-def pyinfra_keys() -> frozenset[str]:
-    global _PYINFRA
-    if _PYINFRA is None:
-        _PYINFRA = _pyinfra_keys()
-    return _PYINFRA
-
-
-# ---------------------------------------------------------------------------- the typed model
+# ---------------------------------------------------------------------------- the settings
 #
-# KEYS above is the table (name, type, default, meaning, docs/settings.md row); `Settings` is the typed,
-# frozen object built from it: one attribute per key (`s.port_base`), nested values as models
-# of their own, secrets as `secret.Secret`, lists as tuples. `parse()` is the only way to one:
-# every value is checked for its form here (one sentence per bad key) and then typed, so nothing
-# after the edge reads a raw value or checks it again.
+# `Settings` is declared key by key: the attribute's type is what the rest of nemofleet reads (nested
+# values as models of their own, secrets as `secret.Secret`, lists as tuples, mappings as
+# `valuetypes.FrozenMap`), and `key(...)` beside it holds what host data may give (its raw types,
+# default, pattern, range, choices, extra check) and its line of the settings reference. `parse()`
+# is the only way to a Settings: every raw value is checked for its form (one sentence per bad key),
+# then typed, so nothing after the edge reads a raw value or checks it again.
 
 
 class _Typed(pydantic.BaseModel):
@@ -557,20 +320,241 @@ class SeedPeer(_Typed):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-def _annotation(key: Key):
-    """The field type of a key: its table types, with the nested models, secrets and tuples."""
-    if key.secret:
-        return Optional[Secret]
-    special = {"frontends": tuple[Frontend, ...], "gateway_backends": tuple[GatewayBackend, ...],
-               "weights_seed_from": Union[SeedPeer, tuple[SeedPeer, ...], None],
-               "nvidia_driver_branch": Optional[str]}
-    if key.name in special:
-        return special[key.name]
-    kinds = {str: str, int: int, float: float, bool: bool, dict: dict, list: tuple, type(None): type(None)}
-    parts = [kinds[t] for t in key.types]
-    if float in parts and int in parts:
-        parts.remove(int)  # gpu_memory_utilization: 1 and 0.9 alike, typed as a float
-    return Union[tuple(parts)] if len(parts) > 1 else parts[0]
+_S, _I, _F, _B, _D, _L, _N = str, int, float, bool, dict, list, type(None)
+
+
+def key(types: tuple[type, ...], default: Any, doc: str, section: str, **rules: Any) -> Any:
+    """A settings attribute: its raw form (a `Key`, completed with its name below) and its doc."""
+    return pydantic.Field(default=None, description=doc,
+                          json_schema_extra=cast(Any, {"nemofleet": Key("", types, default, doc, section, **rules)}))
+
+
+class Settings(_Typed):
+    """Validated host data: every key as a typed attribute (`s.port_base`); `parse()` makes one."""
+
+    # --- what to serve
+    model: Union[str, vt.FrozenMap] = key((_S, _D), "nemotron-3.5-lightning-nvfp4",
+        "catalog key (`nemofleet models`) or mapping {catalog|repo, revision, ...}; pin revision to a commit",
+        "model", check=_model)
+    vllm_image: str = key((_S,), DEFAULT_IMAGE, "vLLM image reference (tag decides the flag table)", "model",
+        pattern=IMAGE)
+    # --- added for the plan's third pass (issue 40 point 5) ---
+    vllm_image_cuda: Optional[str] = key((_S, _N), None, "CUDA version the vLLM image needs (e.g. 13.0), where neither the "
+        "image's own NVIDIA_REQUIRE_CUDA nor nemofleet's version table gives it", "model", pattern=r"^\d{1,2}\.\d$")
+    # --- end of the plan's third pass block ---
+    vllm_image_archive: Optional[str] = key((_S, _N), None, "`docker save` archive on the controller to load instead of pulling",
+        "model", pattern=HOME_PATH)
+    vllm_image_archives: vt.FrozenMap = key((_D,), {}, "{image reference: archive path} for air-gapped hosts", "model",
+        check=_str_map("image", IMAGE, HOME_PATH))
+    image_registry_rewrite: vt.FrozenMap = key((_D,), {}, "{prefix: replacement} for registries Docker's mirrors do not cover",
+        "model", check=_str_map("prefix", r"[a-z0-9][a-z0-9._/:-]*", r"[a-z0-9][a-z0-9._/:-]*"))
+    models_root: str = key((_S,), "/srv/nemofleet/models", "weights directory on the host (the fleet seed key may read "
+        "all of it: never / or a system directory)", "model", pattern=ABS_PATH, check=vt.managed_dir_problem)
+    # --- serving plan
+    max_model_len: Optional[int] = key((_I, _N), None, "context length (default: the model's default context)", "serving",
+        minimum=1, maximum=2**27)
+    max_num_seqs: Optional[int] = key((_I, _N), None, "concurrent sequences per instance (default per GPU architecture)",
+        "serving", minimum=1, maximum=65536)
+    max_num_batched_tokens: Optional[int] = key((_I, _N), None, "tokens per batch (default per GPU architecture)", "serving",
+        minimum=1, maximum=2**27)
+    gpu_memory_utilization: float = key((_F, _I), 0.90, "fraction of each GPU's memory vLLM may use", "serving",
+        minimum=0.01, maximum=1.0)
+    tensor_parallel_size: Optional[int] = key((_I, _N), None, "GPUs per instance (default: chosen by tensor_parallel_policy)", "serving",
+        minimum=1, maximum=1024)
+    instances: Optional[int] = key((_I, _N), None, "vLLM instances on the host (default: GPUs / TP)", "serving", minimum=1,
+        maximum=1024)
+    tensor_parallel_policy: str = key((_S,), "recipe",
+        "TP when tensor_parallel_size is unset: recipe (the model's, docs/recipes.md) | smallest (most instances) "
+        "| largest (one instance over the GPUs)", "serving", choices=("recipe", "smallest", "largest"))
+    gpus: Optional[tuple[Union[int, str], ...]] = key((_L, _N), None, "GPUs to serve on, by index or UUID (default: every GPU without MIG)", "serving",
+        check=_gpu_refs)
+    speculative: Optional[str] = key((_S, _N), None, "mtp | dflash | dspark | none (default: the model's)", "serving",
+        choices=("mtp", "dflash", "dspark", "none", ""))
+    num_speculative_tokens: Optional[int] = key((_I, _N), None, "speculative tokens (default: the model's)", "serving",
+        minimum=1, maximum=16)
+    kv_cache_dtype: Optional[str] = key((_S, _N), None, "KV cache dtype (default: the checkpoint's)", "serving",
+        pattern=r"[a-z0-9_]+")
+    # --- added for the seed recipes (issue 37 points 6 and 9, issue 40 point 7) ---
+    recipe_flags: bool = key((_B,), True, "emit the recipe rows of docs/recipes.md for the model and GPU (false: only "
+        "the flags the plan owns and vllm_extra_args, as a published line that sets none of them)", "serving")
+    # --- end of the seed recipes block ---
+    vllm_extra_args: vt.FrozenMap = key((_D,), {}, "extra vLLM flags {flag: value|true}, checked against the pinned version",
+        "serving", check=_flag_map)
+    instance_extra_args: vt.FrozenMap = key((_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
+        check=_instance_flags)
+    port_base: int = key((_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535)
+    bind_address: str = key((_S,), "127.0.0.1", "address the ports are published on", "serving", check=_ip)
+    instance_prefix: str = key((_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}")
+    drain_seconds: int = key((_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
+        minimum=0, maximum=3600)
+    start_timeout: int = key((_I,), 1800, "systemd TimeoutStartSec of a vLLM unit", "serving", minimum=60,
+        maximum=86400)
+    ready_timeout: int = key((_I,), 1200, "seconds the deploy waits for /health after a (re)start", "serving",
+        minimum=1, maximum=86400)
+    wait_ready: bool = key((_B,), True, "wait for (re)started instances to be ready", "serving")
+    # --- GPU access
+    gpu_selection: str = key((_S,), "auto", "auto (CDI when usable) | cdi | gpus", "gpu", choices=("auto", "cdi", "gpus"))
+    nvml_remedy: str = key((_S,), "cdi", "NVML 'Unknown Error' remedy: cdi | cgroupfs | none", "gpu",
+        choices=("cdi", "cgroupfs", "none"))
+    nvidia_dev_char_rule: bool = key((_B,), True, "install the /dev/char udev rule for NVIDIA devices", "gpu")
+    # --- secrets and Hugging Face
+    vllm_api_key: Optional[Secret] = key((_S, _N), None, "API key for /v1 (prefer vllm_api_key_file)", "secrets", secret=True,
+        pattern=r"[\x21-\x7e]{8,512}")
+    vllm_api_key_file: Optional[str] = key((_S, _N), "~/.config/nemofleet/api-key", "file on the controller holding the API key",
+        "secrets", pattern=HOME_PATH)
+    hf_token: Optional[Secret] = key((_S, _N), None, "Hugging Face token for gated repos (prefer hf_token_file)", "secrets",
+        secret=True, pattern=r"[\x21-\x7e]{4,512}")
+    hf_token_file: Optional[str] = key((_S, _N), "~/.config/nemofleet/hf-token", "file on the controller holding the HF token",
+        "secrets", pattern=HOME_PATH)
+    hf_endpoint: Optional[str] = key((_S, _N), None, "Hugging Face mirror URL (HF_ENDPOINT); none: huggingface.co", "weights",
+        pattern=SAFE_URL, check=lambda v: _no_credentials(v, "give the mirror a token in hf_token_file instead "
+                                                             "(sent as a Bearer header from a 0600 file)"))
+    weights_verify: str = key((_S,), "marker", "marker (header check once, then the marker) | full (every run)",
+        "weights", choices=("marker", "full"))
+    weights_keep_revisions: int = key((_I,), 2,
+        "weights directories kept per repo: 2 = this release's and the one before (for rollback)", "weights",
+        minimum=1, maximum=2)
+    weights_seed_from: Union[SeedPeer, tuple[SeedPeer, ...], None] = key((_S, _D, _L, _N), None, "peer host (or list, tried in order) to copy weights from "
+        "before the mirror; unset: the fleet fan-out chooses (docs/fanout.md)", "weights", check=_seed)
+    weights_fanout: bool = key((_B,), True, "in a converge or rollout of several hosts, fetch each model from the origin once and "
+        "copy it from host to host (needs the fleet seed key; docs/fanout.md)", "weights")
+    weights_peer_address: Optional[str] = key((_S, _N), None, "name or address other hosts reach this host's sshd at for a "
+        "weights copy (none: its ssh_hostname unless a loopback one, else the inventory name)", "weights",
+        pattern=HOSTNAME)
+    weights_peer_bwlimit: Union[str, int, None] = key((_S, _I, _N), None, "rsync --bwlimit of a weights copy from a peer (KiB/s, or "
+        "with a K/M/G suffix, e.g. 200M), so a serving source is not starved; none: unbounded", "weights",
+        pattern=r"[1-9][0-9]{0,8}[KMG]?", minimum=1, maximum=999_999_999)
+    weights_seed_key: Optional[Secret] = key((_S, _N), None, "private key for peer seeding (prefer weights_seed_key_file)",
+        "weights", secret=True, multiline=True, check=_pem_key)
+    weights_seed_key_file: Optional[str] = key((_S, _N), None, "file on the controller: private key for peer seeding", "weights",
+        pattern=HOME_PATH)
+    weights_seed_public_key_file: Optional[str] = key((_S, _N), None, "its public key (exactly one), authorised read-only on every "
+        "host", "weights", pattern=HOME_PATH)
+    weights_seed_networks: tuple[str, ...] = key((_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
+        "networks (CIDR) the fleet seed key is accepted from (authorized_keys from=; default: the private ranges)",
+        "weights", check=lambda v: _networks(v) or (None if v else "must list at least one network"))
+    # --- Docker daemon.json and proxies
+    docker_default_runtime: Optional[str] = key((_S, _N), None, "daemon.json default-runtime (e.g. nvidia)", "docker",
+        pattern=r"[a-z0-9][a-z0-9_.-]*")
+    docker_registry_mirrors: Optional[tuple[str, ...]] = key((_L, _N), None, "daemon.json registry-mirrors (Docker Hub only)", "docker",
+        pattern=SAFE_URL, check=lambda v: next(filter(None, (_no_credentials(u, "log dockerd in with `docker login` "
+                                                                                "instead") for u in v or [])), None))
+    docker_insecure_registries: Optional[tuple[str, ...]] = key((_L, _N), None, "daemon.json insecure-registries (host:port or CIDR)",
+        "docker", pattern=r"[A-Za-z0-9.:/\[\]-]+")
+    docker_log_driver: Optional[str] = key((_S, _N), "json-file", "daemon.json log-driver (none: leave as is)", "docker",
+        check=lambda v: None if v is None or v in LOG_DRIVERS else
+        f"{vt.shown(v)} is not one of Docker's log drivers ({', '.join(LOG_DRIVERS)}); dockerd would refuse to start")
+    docker_log_opts: Optional[vt.FrozenMap] = key((_D, _N), {"max-size": "100m", "max-file": "3"},
+        "daemon.json log-opts, string values (none: leave as is)", "docker")
+    docker_exec_opts: Optional[tuple[str, ...]] = key((_L, _N), None, "daemon.json exec-opts (none: nemofleet decides for the NVML trap)",
+        "docker", pattern=r"[a-z.]+=[A-Za-z0-9_.-]+")
+    http_proxy: Optional[str] = key((_S, _N), None, "proxy for dockerd (image pulls)", "docker", pattern=SAFE_URL)
+    https_proxy: Optional[str] = key((_S, _N), None, "HTTPS proxy for dockerd", "docker", pattern=SAFE_URL)
+    no_proxy: Optional[str] = key((_S, _N), None, "hosts dockerd reaches directly", "docker", pattern=NO_PROXY)
+    # --- frontends
+    frontends: tuple[Frontend, ...] = key((_L,), [], "Docker networks of the frontends [{name, network, alias, create}]; the "
+        "instances join them, or with a front door the frontends reach it",
+        "frontends", check=_frontends)
+    # --- front door
+    front_door: Optional[bool] = key((_B, _N), None, "one HAProxy endpoint per host in front of the instances "
+        "(none: on when the host has more than one instance)", "front_door")
+    front_door_port: int = key((_I,), 8800, "port of the front door (on 127.0.0.1 and front_door_address)", "front_door",
+        minimum=1, maximum=65535)
+    front_door_address: Optional[str] = key((_S, _N), None, "address the front door also listens on for containers (none: "
+        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip)
+    front_door_timeout: int = key((_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
+        "(and at the gateway)", "front_door", minimum=30, maximum=86400)
+    # --- multi-node serving groups (one model over several hosts on vLLM's own distributed runtime)
+    serving_group: Optional[str] = key((_S, _N), None, "the multi-node serving group this host is a member of (the inventory's "
+        "serving_groups fills it; none: the host serves on its own)", "multinode", pattern=GROUP_NAME)
+    serving_group_members: Optional[tuple[str, ...]] = key((_L, _N), None, "the group's hosts in rank order, the head first (the inventory's "
+        "serving_groups fills it)", "multinode", check=_members)
+    serving_group_parallel: str = key((_S,), "pp", "how the group splits the model: pp (TP = GPUs per host, PP = hosts, "
+        "vLLM's advice) | tp (TP over every GPU of the group) | dp (one replica per TP group, one API on the head)",
+        "multinode", choices=("pp", "tp", "dp"))
+    serving_group_master_port: int = key((_I,), 29501, "the head's rendezvous port (vLLM --master-port)", "multinode",
+        minimum=1024, maximum=65535)
+    serving_group_dp_rpc_port: int = key((_I,), 13345, "the head's data-parallel RPC port (vLLM --data-parallel-rpc-port)",
+        "multinode", minimum=1024, maximum=65535)
+    serving_group_interface: Optional[str] = key((_S, _N), None, "the NIC group traffic uses (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME; "
+        "none: the interface whose address is in serving_group_network)", "multinode", pattern=r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,14}")
+    serving_group_network: tuple[str, ...] = key((_L,), ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fd00::/8"],
+        "the private networks group traffic may use (vLLM's inter-node traffic is not encrypted)", "multinode",
+        check=_networks)
+    serving_group_allow_public: bool = key((_B,), False, "allow a rendezvous address outside serving_group_network",
+        "multinode")
+    serving_group_ib_hca: Optional[str] = key((_S, _N), None, "NCCL_IB_HCA: the InfiniBand/RoCE adapters NCCL uses (none: NCCL's choice)",
+        "multinode", pattern=r"\^?=?[A-Za-z0-9_:,.-]{1,200}")
+    serving_group_join_timeout: int = key((_I,), 600, "seconds a worker waits for the head's rendezvous port before it fails",
+        "multinode", minimum=10, maximum=86400)
+    # --- fleet gateway (deploys/gateway.py, hosts of the inventory group `gateway`)
+    gateway_backends: tuple[GatewayBackend, ...] = key((_L,), [], "the model endpoints a gateway host balances over [{host, port, name}]: "
+        "each GPU host's front door (front_door_port) or, with one instance, its instance port", "gateway",
+        check=_gateway_backends)
+    gateway_port: int = key((_I,), 8800, "port of the gateway's one endpoint", "gateway", minimum=1, maximum=65535)
+    gateway_address: str = key((_S,), "0.0.0.0", "address the gateway listens on (0.0.0.0: every address)", "gateway",
+        check=_ip)
+    gateway_fall: int = key((_I,), 3, "failed /health checks (2 s apart) before the gateway ejects a backend",
+        "gateway", minimum=1, maximum=100)
+    gateway_rise: int = key((_I,), 2, "passed /health checks before an ejected backend takes requests again",
+        "gateway", minimum=1, maximum=100)
+    # --- health
+    health_schedule: str = key((_S,), "* * * * *", "cron schedule of the health check", "health", pattern=CRON,
+        check=vt.cron_problem)
+    health_check_infer: bool = key((_B,), False, "also run a tiny inference probe", "health")
+    health_fail_restart: int = key((_I,), 0, "restart an instance after N consecutive failures (0: off)", "health",
+        minimum=0, maximum=100)
+    health_restart_grace: int = key((_I,), 1200,
+        "no self-heal restart of an instance not yet healthy since its start, for N s (it is loading)",
+        "health", minimum=0, maximum=86400)
+    health_restarts_per_hour: int = key((_I,), 3, "cap on self-heal restarts per instance per hour", "health",
+        minimum=0, maximum=60)
+    health_webhook_url: Optional[Secret] = key((_S, _N), None, "webhook called on state changes (kept in a 0600 file)", "health",
+        secret=True, pattern=SAFE_URL)
+    prom_dir: str = key((_S,), "/var/lib/prometheus/node-exporter", "node_exporter textfile directory", "health",
+        pattern=ABS_PATH, check=vt.managed_dir_problem)
+    expected_host_key: Optional[str] = key((_S, _N), None,
+        "SSH host key fingerprint `nemofleet rebuild` expects of the reinstalled host (SHA256:...)", "fleet",
+        pattern=r"SHA256:[A-Za-z0-9+/]{43}")
+    # --- opt-in installs
+    install_container_toolkit: bool = key((_B,), False, "install the NVIDIA Container Toolkit (pinned, held)",
+        "bootstrap")
+    container_toolkit_version: Optional[str] = key((_S, _N), None, "toolkit version to pin, e.g. 1.18.0-1", "bootstrap",
+        check=lambda v: None if v is None or re.fullmatch(r"([0-9]+:)?[0-9][A-Za-z0-9.+~-]*", v) else
+        f"must be a pinned package version such as '1.18.0-1' (got {vt.shown(v)})")
+    container_toolkit_repo: Optional[str] = key((_S, _N), NVIDIA_TOOLKIT_REPO, "toolkit apt repository", "bootstrap",
+        pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?")
+    container_toolkit_key_file: Optional[str] = key((_S, _N), None, "the repository's signing key (file on the controller)",
+        "bootstrap", pattern=HOME_PATH)
+    install_nvidia_driver: bool = key((_B,), False, "install the NVIDIA driver branch (pinned, held, reboot)",
+        "bootstrap")
+    nvidia_driver_branch: Optional[str] = key((_S, _I, _N), None, "driver branch, e.g. 580", "bootstrap", pattern=r"[0-9]{3}",
+        minimum=100, maximum=999)
+    nvidia_driver_packages: Optional[tuple[str, ...]] = key((_L, _N), None, "driver packages ({branch} expands)", "bootstrap",
+        pattern=r"[a-z0-9][a-z0-9.+{}-]*", check=_driver_packages)
+    nvidia_driver_repo: Optional[str] = key((_S, _N), None, "flat apt repository of the driver (none: the host's sources)",
+        "bootstrap", pattern=r"https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~+=:@/$()-]*)?")
+    nvidia_driver_key_file: Optional[str] = key((_S, _N), None, "its signing key (file on the controller)", "bootstrap",
+        pattern=HOME_PATH)
+
+
+    def replace(self, **changes: Any) -> "Settings":
+        """A copy with some values changed: the planner's what-ifs (a lower memory utilisation, no
+        TP given). The values are the planner's own typed ones, not host data."""
+        return self.model_copy(update=changes)
+
+    def __repr__(self) -> str:  # secrets are Secret: shown as <secret>
+        return "Settings(" + ", ".join(f"{k}={vt.shown(v)}" for k, v in self) + ")"
+
+    __str__ = __repr__
+
+
+def _key_of(name: str, field: Any) -> Key:
+    return dataclasses.replace(field.json_schema_extra["nemofleet"], name=name)
+
+
+KEYS: list[Key] = [_key_of(name, field) for name, field in Settings.model_fields.items()]
+BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
 
 def _typed(key: Key, value):
@@ -594,30 +578,33 @@ def _typed(key: Key, value):
         return "none"
     if float in key.types and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(value, dict):
-        return dict(value)
-    return value
+    return vt.frozen(value)  # lists as tuples, mappings as FrozenMaps, all the way down
 
 
-class _SettingsBase(_Typed):
-    """Validated host data: every key of the table as a typed attribute (`s.port_base`)."""
+def _pyinfra_keys() -> frozenset[str]:
+    """Host-data keys pyinfra itself reads: every connector's data_meta (ssh_*, docker_identifier...)."""
+    names: set[str] = set()
+    try:
+        from importlib.metadata import entry_points
 
-    def replace(self, **changes) -> "Settings":
-        """A copy with some values changed: the planner's what-ifs (a lower memory utilisation, no
-        TP given). The values are the planner's own typed ones, not host data."""
-        return self.model_copy(update=changes)
+        for ep in entry_points(group="pyinfra.connectors"):
+            try:
+                names.update(getattr(ep.load(), "data_meta", {}) or {})
+            except Exception:  # a broken third-party connector must not break validation
+                continue
+    except Exception:
+        pass
+    return frozenset(names)
 
-    def __repr__(self) -> str:  # secrets are Secret: shown as <secret>
-        return "Settings(" + ", ".join(f"{k}={vt.shown(v)}" for k, v in self) + ")"
 
-    __str__ = __repr__
+_PYINFRA = None
 
 
-Settings = pydantic.create_model(
-    "Settings", __base__=_SettingsBase,
-    **{k.name: (_annotation(k), pydantic.Field(default=None, description=k.doc)) for k in KEYS})
+def pyinfra_keys() -> frozenset[str]:
+    global _PYINFRA
+    if _PYINFRA is None:
+        _PYINFRA = _pyinfra_keys()
+    return _PYINFRA
 
 
 # the longest one-line value any setting holds (an image reference, a URL, a no_proxy list...): longer
@@ -665,8 +652,8 @@ def _check(key: Key, value) -> str | None:
             # shown as the URL it should be, so that its credentials (user:password@) are hidden too
             return f"{key.name}: {vt.shown('https://' + text)[9:-1]} needs a scheme, e.g. {vt.shown('https://' + text)[1:-1]}"
         if key.pattern and not re.fullmatch(key.pattern, text):
-            shown = "its value" if key.secret else vt.shown(text)
-            return f"{key.name} {shown} is not valid here ({key.doc}; expected {key.pattern})"
+            what = "its value" if key.secret else vt.shown(text)
+            return f"{key.name} {what} is not valid here ({key.doc}; expected {key.pattern})"
     if key.check is not None:
         why = key.check(value)
         if why:

@@ -27,6 +27,7 @@ from typing import Mapping
 
 from . import models as catalog
 from . import settings as settings_mod
+from . import valuetypes as vt
 from .gpus import CLASS_GROUPS as GPU_CLASS_GROUPS
 from .secret import Secret, parse_public_key
 
@@ -130,8 +131,7 @@ def read_secrets(data: Mapping) -> Secrets:
             parsed = parse_public_key(value)
             if isinstance(parsed, str):
                 problems.append(f"{origin} {parsed}")
-                parsed = None
-            out[name] = parsed
+            out[name] = None if isinstance(parsed, str) else parsed
             continue
         own = settings_mod.BY_NAME.get(name)
         why = settings_mod._check(own, value.strip() if name.endswith("_key") else value) if own else None
@@ -234,21 +234,22 @@ def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpe
     secrets = read_secrets(data)
     groups = unique_groups(name, groups)
     refusals, warnings = group_problems(groups)
+    refusals = vt.coded("inventory-group", refusals)
     if not isinstance(name, str) or settings_mod.vt.text_problem(name) or not name.strip():
         # the name reaches unit comments, HAProxy configs and messages: one line, printable
         refusals.append(f"the inventory host name {settings_mod.vt.shown(name)} has a control character "
                         "(a newline...); rename it")
-    refusals += secrets.problems
+    refusals += vt.coded("secret", secrets.problems)
     # keys given with pyinfra's --data: a secret there is on a command line (ps, shell history)
     given = command_line.items() if isinstance(command_line, Mapping) else ((k, None) for k in command_line)
-    refusals += [why for why in (settings_mod.command_line_secret(k, v) for k, v in given) if why]
+    refusals += vt.coded("secret-on-command-line", [why for why in (settings_mod.command_line_secret(k, v) for k, v in given) if why])
     try:
         s = settings_of(data)
     except settings_mod.SettingsError as exc:
         s = None
-        refusals += [p for p in exc.problems if p not in secrets.problems]
+        refusals += vt.coded("settings", [p for p in exc.problems if p not in secrets.problems])
     if s is not None and GATEWAY_GROUP in groups:
-        refusals += gateway_loops(name, data, s)
+        refusals += vt.coded("settings", gateway_loops(name, data, s))
     return HostSpec(name=name, settings=s, secrets=secrets, groups=groups, refusals=tuple(refusals),
                     warnings=tuple(warnings), peer_address=peer_address(name, data))
 

@@ -47,7 +47,7 @@ _ARGUMENTS: list[tuple[str, type]] = []
 
 def _lineno(frame) -> int:
     """The line `inspect.getframeinfo(frame).lineno` gives: the current instruction's start line."""
-    pos = inspect._get_code_position(frame.f_code, frame.f_lasti)  # what getframeinfo uses (3.11+)
+    pos = getattr(inspect, "_get_code_position")(frame.f_code, frame.f_lasti)  # what getframeinfo uses (3.11+)
     return pos[0] if pos[0] is not None else frame.f_lineno
 
 
@@ -121,8 +121,8 @@ def install() -> None:
     """Use operation_order_from_stack, global_arguments and pop_global_arguments for every
     operation of this run (idempotent)."""
     if hasattr(inspect, "_get_code_position"):  # else pyinfra's own, unchanged
-        _operation.get_operation_order_from_stack = operation_order_from_stack
-    _arguments.all_global_arguments = global_arguments  # pop_global_arguments looks it up here
-    _facts.all_global_arguments = global_arguments  # facts.py imported the name itself
+        setattr(_operation, "get_operation_order_from_stack", operation_order_from_stack)
+    setattr(_arguments, "all_global_arguments", global_arguments)  # pop_global_arguments looks it up here
+    setattr(_facts, "all_global_arguments", global_arguments)  # facts.py imported the name itself
     for module in (_operation, _facts, _deploy):  # each imported pop_global_arguments itself
-        module.pop_global_arguments = pop_global_arguments
+        setattr(module, "pop_global_arguments", pop_global_arguments)

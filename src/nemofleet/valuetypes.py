@@ -13,8 +13,78 @@ import ipaddress
 import json
 import math
 import re
+from collections.abc import Mapping
+from typing import Any, Literal, overload
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class FrozenMap(dict):
+    """A mapping nobody can change (`m["x"] = 1` raises TypeError): the typed settings' mappings
+    (vllm_extra_args, docker_log_opts...) and the mappings inside them, so a value checked at the
+    edge stays the value that was checked. A dict for every reader (json.dumps, isinstance, `**`)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a setting's mapping is immutable: build a new one ({**m, key: value})")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    update = pop = popitem = setdefault = clear = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted((k, repr(v)) for k, v in self.items())))
+
+    def __copy__(self) -> "FrozenMap":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "FrozenMap":
+        return self
+
+    def __reduce__(self) -> Any:
+        return (FrozenMap, (dict(self),))
+
+
+class Refusal(str):
+    """A sentence that refuses a host, with a stable code beside it ("driver", "disk", "api-key",
+    "settings"...): tests and `nemofleet plan --json` match the code, so the prose may be reworded.
+    A str for every reader; a sentence made without one has the code "refused"."""
+
+    code: str
+
+    def __new__(cls, sentence: str, code: str = "refused") -> "Refusal":
+        self = super().__new__(cls, sentence)
+        self.code = code
+        return self
+
+    def __reduce__(self) -> Any:
+        return (Refusal, (str(self), self.code))
+
+
+def coded(code: str, sentences) -> list[str]:
+    """These sentences as Refusals with this code (one that has its own code keeps it)."""
+    return [s if isinstance(s, Refusal) else Refusal(s, code) for s in sentences]
+
+
+def code_of(sentence: str) -> str:
+    """The code of a refusal ("refused" for a plain sentence)."""
+    return getattr(sentence, "code", "refused")
+
+
+def frozen(value: Any) -> Any:
+    """A checked raw value with every mapping a FrozenMap and every list a tuple, all the way down."""
+    if isinstance(value, Mapping):
+        return FrozenMap({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """frozen()'s inverse, for a reader that walks plain dicts and lists (models.resolve)."""
+    if isinstance(value, Mapping):
+        return {k: thawed(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thawed(v) for v in value]
+    return value
 
 # The largest integer any setting or model figure may hold: beyond shell arithmetic's 2**63 and
 # systemd's usec counters, a value is a typo, never a plan.
@@ -123,6 +193,12 @@ class Unreadable(ValueError):
     def __init__(self, sentence: str, value=None):
         super().__init__(sentence)
         self.value = value
+
+
+@overload
+def host_number(text: Any, minimum: int = 0, maximum: int = INT_MAX, decimal: Literal[False] = False) -> int | None: ...
+@overload
+def host_number(text: Any, minimum: int = 0, maximum: int = INT_MAX, *, decimal: Literal[True]) -> int | float | None: ...
 
 
 def host_number(text, minimum: int = 0, maximum: int = INT_MAX, decimal: bool = False) -> int | float | None:

@@ -15,3 +15,6 @@ def parse(text: str | None, parts: int = 4) -> tuple[int, ...]:
 
 def major(text: str | None) -> int:
     return parse(text)[0]
+
+
+MIN_TOOLKIT = (1, 14)  # cgroup v2 needs >= 1.14; an older toolkit cannot generate a usable CDI spec

@@ -11,6 +11,8 @@ Sources: the v0.27.1 command lines of docs/recipes.md that ran, vLLM 0.32.0's ow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import json
 from dataclasses import dataclass
 
@@ -248,7 +250,7 @@ def check_arg(v: VllmVersion, name: str, value) -> str | None:
     return None
 
 
-def render(args: list[tuple[str, object]]) -> list[str]:
+def render(args: Sequence[tuple[str, object]]) -> list[str]:
     """[(flag, value|None)] -> argv words."""
     out: list[str] = []
     for name, value in args:

@@ -10,10 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from nemofleet import factmodel
+from nemofleet import factmodel, multinode, plan, settings
 from nemofleet.models import CATALOG
-from nemofleet.multinode import make_group_plan
-from nemofleet.plan import Gpu, PlanError, make_plan
+from nemofleet.plan import Gpu, PlanError
+
+
+def make_plan(host, gpus, data, **kw):
+    """The planner takes Settings (the host spec's): the host data typed first."""
+    return plan.make_plan(host, gpus, settings.parse(data), **kw)
+
+
+def make_group_plan(host, gpus, data, **kw):
+    return multinode.make_group_plan(host, gpus, settings.parse(data), **kw)
 from nemofleet_testbed import load_profiles
 
 VLLM_PYTHON = os.environ.get("NEMOFLEET_VLLM_PYTHON")

@@ -186,3 +186,37 @@ def as_json(value):
     if isinstance(value, (list, tuple)):
         return [as_json(v) for v in value]
     return value
+
+
+def verdict(host, facts, data, peers=None):
+    """The preflight's verdict for one host as the deploy reaches it (desired.build: spec, gatherer,
+    decision), with the members of its serving group sharing its host data: plan (as far as it was
+    made), refusals, warnings, ok."""
+    from types import SimpleNamespace
+
+    from nemofleet import desired
+
+    data = {"vllm_api_key": "sk-test-0123456789", **data}  # the preflight's question, not the API key's
+    d = desired.build(host, data, facts, None, peers=peers, peer_data={m: data for m in peers or {}})
+    return SimpleNamespace(plan=d.preview, refusals=d.refusals, warnings=d.warnings, ok=d.ok, codes=[
+        getattr(r, "code", "refused") for r in d.refusals])
+
+
+def typed_settings(data):
+    """Host data typed as the host spec types it (settings.parse), a bad key raised as the PlanError
+    the planner's tests expect (the deploy refuses such a host with the same sentence)."""
+    from nemofleet import plan, settings
+
+    if isinstance(data, settings.Settings):
+        return data
+    try:
+        return settings.parse(data)
+    except settings.SettingsError as exc:
+        raise plan.PlanError("; ".join(exc.problems)) from None
+
+
+def make_plan(host, gpus, data, **kw):
+    """plan.make_plan (which takes Settings only) over host data."""
+    from nemofleet import plan
+
+    return plan.make_plan(host, gpus, typed_settings(data), **kw)

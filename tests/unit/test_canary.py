@@ -189,4 +189,4 @@ def test_the_verdict_module_is_pure():
     # the one reader of a number a host printed (valuetypes.host_number) is itself standard library only
     assert imports(canary.__file__) <= {"__future__", "math", "re", "dataclasses", "valuetypes"}
     assert imports(Path(canary.__file__).with_name("valuetypes.py")) <= {
-        "__future__", "functools", "ipaddress", "json", "math", "re"}
+        "__future__", "collections", "functools", "ipaddress", "json", "math", "re", "typing"}

@@ -283,6 +283,42 @@ def test_inventory_groups_misspelt_or_doubled_are_refused(groups, refused, warne
         assert not any("group" in w for w in d.warnings), d.warnings
 
 
+def test_desired_is_frozen_and_its_refusals_carry_codes():
+    import dataclasses
+
+    from opharness import verdict
+
+    f, data = CASES["h200-1x-cdi"]
+    d = desired.build("h", data, f, SECRETS)
+    assert d.ok
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.units = {}  # type: ignore[misc]
+    # tests match the code, not the prose (the sentence may be reworded)
+    stopped = copy.deepcopy(f)
+    stopped["docker"].update(installed=False, running=False, server=None)
+    v = verdict("h", stopped, dict(data))
+    assert "container-runtime" in v.codes, (v.codes, v.refusals)
+    none = desired.build("h", dict(data), f, {})
+    assert [getattr(r, "code", None) for r in none.refusals] == ["api-key"]
+
+
+def test_settings_are_a_declared_class_with_immutable_containers():
+    from nemofleet import settings
+
+    # each key is an annotated attribute of the class body (what a type checker sees), not a
+    # create_model() call
+    declared = settings.Settings.__annotations__
+    assert [k.name for k in settings.KEYS] == list(declared) and len(declared) > 80
+    s = settings.parse({"vllm_extra_args": {"max-loras": 2}, "instance_extra_args": {"a": {"x": 1}}})
+    for change in (lambda: s.vllm_extra_args.__setitem__("y", 1), lambda: s.instance_extra_args["a"].update(x=2),
+                   lambda: s.docker_log_opts.pop("max-size")):
+        with pytest.raises(TypeError):
+            change()
+    with pytest.raises(Exception):
+        s.port_base = 1  # type: ignore[misc]
+    assert isinstance(s.frontends, tuple) and isinstance(s.weights_seed_networks, tuple)
+
+
 def test_an_api_key_file_that_is_a_directory_is_named_not_no_api_key(tmp_path, monkeypatch):
     """The default vllm_api_key_file (~/.config/nemofleet/api-key) or a set one that is a directory:
     the host is refused naming the file, never with "no API key"."""

@@ -185,10 +185,7 @@ def walk(want: desired.Desired, model: Model, gateway: bool = False) -> list[Ste
         if gateway:
             deploy._front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=op)
             return steps
-        daemon_changed = deploy._configure_host(want, op)
-        deploy._fetch_weights(want, op)
-        started = deploy._serve(want, daemon_changed, op)
-        deploy._health(want, started, op)
+        deploy.phases(want, op)
     return steps
 
 
@@ -425,9 +422,7 @@ def plan(want: desired.Desired, model: Model) -> dict[str, tuple[bool, bool]]:
         prefetch.forget()
         prefetch._CACHE[HOST] = {prefetch.key(c, k): model.fact(c, k) for c, k in deploy.fact_reads(want)}
         try:
-            daemon_changed = deploy.configure_host(want)
-            deploy.fetch_weights(want)
-            deploy.health(want, deploy.serve(want, daemon_changed))
+            deploy.phases(want)
         finally:
             prefetch.forget()
     return {row["name"].split(" | ", 1)[1]: (bool(row["hosts_with_change"]), bool(row["hosts_with_conditional_change"]))

@@ -5,9 +5,11 @@ import json
 
 import pytest
 
+from opharness import verdict  # noqa: E402
 from nemofleet import gpuhealth, preflight, settings
 from nemofleet.facts.gpuhealth import HEALTH_FIELDS
-from nemofleet.plan import Gpu, PlanError, make_plan
+from nemofleet.plan import Gpu, PlanError
+from opharness import make_plan  # noqa: E402
 
 from test_preflight import DATA, _plan_cli, ready
 
@@ -139,14 +141,14 @@ def test_fabric_manager_on_an_nvswitch_system_refuses_the_host():
     gs = [Gpu(g["index"], g["uuid"], g["name"], g["memory_mib"], g["cc"], bus_id=g["bus_id"])]
     nvswitch = {0: row(gs[0], **{"fabric.state": "Completed", "fabric.status": "Success"})}
     f["health"] = health(gs, nvswitch, fm={"version": "580.159.04", "active": "inactive"})
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert not v.ok and "NVSwitch system" in v.refusals[0] and "error 802" in v.refusals[0]
     f["health"]["fabric_manager"] = {"version": "570.172.08", "active": "active"}
-    assert "must be the same version" in preflight.check("h", f, DATA).refusals[0]
+    assert "must be the same version" in verdict("h", f, DATA).refusals[0]
     f["health"]["fabric_manager"] = {"version": "580.159.04", "active": "active"}
-    assert preflight.check("h", f, DATA).ok
+    assert verdict("h", f, DATA).ok
     f["health"] = health(gs, fm={"version": None, "active": None})  # fabric N/A: not an NVSwitch system
-    assert preflight.check("h", f, DATA).ok
+    assert verdict("h", f, DATA).ok
 
 
 def test_a_gb200_nvl_compute_tray_plans_without_a_local_fabric_manager():
@@ -159,10 +161,10 @@ def test_a_gb200_nvl_compute_tray_plans_without_a_local_fabric_manager():
     gs = [Gpu(g["index"], g["uuid"], g["name"], g["memory_mib"], g["cc"], bus_id=g["bus_id"])]
     done = {0: row(gs[0], **{"fabric.state": "Completed", "fabric.status": "Success"})}
     f["health"] = health(gs, done, fm={"version": None, "active": "inactive"})
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert v.ok, v.refusals
     f["health"] = health(gs, {0: row(gs[0], **{"fabric.state": "In Progress"})}, fm={"version": None, "active": None})
-    why = preflight.check("h", f, DATA).refusals
+    why = verdict("h", f, DATA).refusals
     assert why == ["GPU 0 is not registered with the NVLink fabric (fabric.state In Progress, status not reported), so "
                    "CUDA fails with error 802; on this NVL compute tray the fabric manager runs on the NVSwitch trays: "
                    "check it there, then deploy again"]
@@ -171,7 +173,7 @@ def test_a_gb200_nvl_compute_tray_plans_without_a_local_fabric_manager():
     g = f["gpus"]["gpus"][0]
     gs = [Gpu(g["index"], g["uuid"], g["name"], g["memory_mib"], g["cc"], bus_id=g["bus_id"])]
     f["health"] = health(gs, {0: row(gs[0], **{"fabric.state": "Completed", "fabric.status": "Success"})})
-    assert "nvidia-fabricmanager is not running" in preflight.check("h", f, DATA).refusals[0]
+    assert "nvidia-fabricmanager is not running" in verdict("h", f, DATA).refusals[0]
 
 
 @pytest.fixture

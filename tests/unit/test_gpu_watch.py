@@ -9,7 +9,8 @@ from pathlib import Path
 
 from nemofleet import remote, render, settings
 from nemofleet.facts.gpuhealth import HEALTH_FIELDS
-from nemofleet.plan import Gpu, make_plan
+from nemofleet.plan import Gpu
+from opharness import make_plan  # noqa: E402
 
 H100 = ("NVIDIA H100 80GB HBM3", 81559, "9.0")
 GPUS = [Gpu(i, f"GPU-{i:08d}-aaaa-4000-8000-000000000000", *H100, bus_id=f"00000000:{0x18 + i:02X}:00.0")

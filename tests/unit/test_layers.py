@@ -128,3 +128,37 @@ def test_settings_are_parsed_in_one_module_and_inputs_built_by_one_gatherer():
     assert not {f.name for f in dataclasses.fields(inputs.HostInputs)} & {"data", "peer_data"}
     writes = [f for f in ROOT.rglob("*.py") if '"weights_seed_from": seeds' in f.read_text()]
     assert not writes, writes
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest import chain (both ends counted): the import graph has no circle (above)."""
+    memo: dict[str, list[str]] = {}
+
+    def chain(m: str) -> list[str]:
+        if m not in memo:
+            memo[m] = [m] + max((chain(d) for d in graph[m] if d != "nemofleet"), key=len, default=[])
+        return memo[m]
+
+    return max((chain(m) for m in graph), key=len)
+
+
+def test_the_import_tower_is_at_most_eleven_modules_high():
+    # issue 47: it was 13 (cli -> fleet.status -> desired -> preflight -> planning -> multinode -> plan ->
+    # planprose -> layout -> planmodel -> factmodel -> nvsmi -> valuetypes); preflight no longer imports
+    # the planner, the planner takes Settings (no parser below the spec) and planmodel no facts
+    chain = longest_chain(_graph())
+    assert len(chain) <= 11, " -> ".join(chain)
+
+
+def test_the_type_checker_passes_over_the_package():
+    """mypy over src/nemofleet with check_untyped_defs (pyproject.toml [tool.mypy]), no section of it
+    ignored: the declared Settings, the frozen Desired and every call between them are checked."""
+    import subprocess
+    import sys
+    import tomllib
+
+    conf = tomllib.loads((ROOT.parents[1] / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert conf["check_untyped_defs"] is True and "overrides" not in conf and "ignore_errors" not in conf
+    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT.parents[1], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from opharness import verdict  # noqa: E402
 from nemofleet import desired, factmodel, inventory, multinode, plan, preflight, render, settings
 from test_desired import GOLDEN, REV, SECRETS, dump, facts
 
@@ -33,14 +34,14 @@ def peers(n=2, **kw):
 
 def plan_of(host, data=None, ps=None):
     ps = ps or peers()
-    v = preflight.check(host, ps[host], data or group(), peers=ps)
+    v = verdict(host, ps[host], data or group(), peers=ps)
     assert not v.refusals, v.refusals
     return v.plan
 
 
 def refusal(host, data=None, ps=None):
     ps = ps if ps is not None else peers()
-    v = preflight.check(host, ps.get(host) or member("10.0.0.9"), data or group(), peers=ps)
+    v = verdict(host, ps.get(host) or member("10.0.0.9"), data or group(), peers=ps)
     assert v.refusals and v.plan is None
     return v.refusals[0]
 

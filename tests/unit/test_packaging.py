@@ -27,7 +27,8 @@ HOOK = ("nemofleet_testbed", "nemofleet/cli.py")
 SCRIPT = r"""
 import importlib.util, nemofleet, pathlib
 from nemofleet import render, settings
-from nemofleet.plan import Gpu, make_plan
+from nemofleet.plan import Gpu
+from opharness import make_plan  # noqa: E402
 assert "site-packages" in nemofleet.__file__, nemofleet.__file__
 assert importlib.util.find_spec("nemofleet_testbed") is None  # the testbed is not installed with the wheel
 p = make_plan("h", [Gpu(0, "GPU-0", "NVIDIA H200", 143771, "9.0")], {})

@@ -5,10 +5,12 @@ import re
 from pathlib import Path
 
 import pytest
+from types import SimpleNamespace
 
 from nemofleet import factmodel, memory, recipes, settings, vllm_flags
 from nemofleet.models import CATALOG
-from nemofleet.plan import GIB, Gpu, PlanError, make_plan
+from nemofleet.plan import GIB, Gpu, PlanError
+from opharness import make_plan  # noqa: E402
 from nemofleet.plantext import gpu_ranges, table
 from nemofleet_testbed import load_profiles
 
@@ -365,7 +367,9 @@ def test_mixed_gpu_models_are_planned_per_model():
 
 # ---------------------------------------------------------------------------- refusals: figures, shapes the planner accepts, fixes
 
-_SHAPES = {c.label: c for c in __import__("nemofleet.gpus", fromlist=["GPU_CLASSES"]).GPU_CLASSES}
+# the shapes the planner offers (gpu_classes: a size of a class), with their class's compute capability
+_SHAPES = {z.label: SimpleNamespace(name=z.name, memory_mib=z.memory_mib, cc=c.cc)
+           for c in __import__("nemofleet.gpu_classes", fromlist=["CLASSES"]).CLASSES for z in c.sizes}
 
 
 def _refusals():

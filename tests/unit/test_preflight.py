@@ -3,6 +3,7 @@ import copy
 import json
 from pathlib import Path
 
+from opharness import verdict  # noqa: E402
 from nemofleet import factmodel, preflight
 
 H200 = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200" / "hostfacts.json").read_text())
@@ -17,7 +18,7 @@ def ready():
 
 
 def test_real_h200_refused_because_docker_and_toolkit_are_absent():
-    v = preflight.check("h200", H200, DATA)
+    v = verdict("h200", H200, DATA)
     assert v.plan is not None and v.plan.instances[0].gpus[0].name == "NVIDIA H200"
     assert any("Docker is not installed" in r for r in v.refusals)
     assert any("NVIDIA Container Toolkit is not installed" in r for r in v.refusals)
@@ -25,36 +26,36 @@ def test_real_h200_refused_because_docker_and_toolkit_are_absent():
 
 
 def test_ready_h200_passes():
-    v = preflight.check("h200", ready(), DATA)
+    v = verdict("h200", ready(), DATA)
     assert v.ok, v.refusals
 
 
 def test_no_driver_and_driver_not_loaded():
     f = ready()
     f["gpus"] = {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
-    assert "nvidia-smi is not installed" in preflight.check("h", f, DATA).refusals[0]
+    assert "nvidia-smi is not installed" in verdict("h", f, DATA).refusals[0]
     f["gpus"] = {"smi": True, "rc": 9, "error": "couldn't communicate with the NVIDIA driver", "driver": None, "gpus": []}
-    assert "modprobe nvidia" in preflight.check("h", f, DATA).refusals[0]
+    assert "modprobe nvidia" in verdict("h", f, DATA).refusals[0]
 
 
 def test_old_driver_for_image_cuda():
     f = ready()
     f["gpus"]["driver"] = "535.104.05"
-    r = preflight.check("h", f, {**DATA, "vllm_image": "vllm/vllm-openai:v0.33.0"}).refusals
+    r = verdict("h", f, {**DATA, "vllm_image": "vllm/vllm-openai:v0.33.0"}).refusals
     assert any("needs CUDA 13.0 (driver >= 580.65.06)" in s for s in r)
 
 
 def test_mig_refused_persistence_warned():
     f = ready()
     f["gpus"]["gpus"][0].update(mig="Enabled", persistence="Disabled")
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert any("MIG is enabled on GPU 0" in s for s in v.refusals)  # the only GPU: nothing to plan
     # two GPUs, MIG on GPU 0: GPU 0 is left out with a warning, GPU 1 serves and is warned about
     f = ready()
     second = dict(f["gpus"]["gpus"][0], index=1, uuid="GPU-5ec0d000-0000-4000-8000-000000000001", persistence="Disabled")
     f["gpus"]["gpus"][0].update(mig="Enabled")
     f["gpus"]["gpus"].append(second)
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert v.ok, v.refusals
     assert [g.index for i in v.plan.instances for g in i.gpus] == [1]
     assert any("MIG" in w and "GPU 0" in w for w in v.warnings), v.warnings
@@ -64,23 +65,23 @@ def test_mig_refused_persistence_warned():
 def test_nvml_trap_reported_with_fix_when_cdi_impossible():
     f = ready()
     f["docker"]["server"] = "24.0.7"
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert v.ok and v.plan.docker_exec_opts == ["native.cgroupdriver=cgroupfs"]
     assert any("NVML 'Unknown Error' trap" in w for w in v.warnings)
-    v = preflight.check("h", f, {**DATA, "nvml_remedy": "none"})
+    v = verdict("h", f, {**DATA, "nvml_remedy": "none"})
     assert any("loses GPUs after every systemctl daemon-reload" in s for s in v.refusals)
 
 
 def test_cdi_used_when_available():
     f = ready()
     f["toolkit"]["cdi_specs"] = ["/var/run/cdi/nvidia.yaml"]
-    assert preflight.check("h", f, DATA).plan.gpu_method == "cdi"
+    assert verdict("h", f, DATA).plan.gpu_method == "cdi"
 
 
 def test_disk_too_small():
     f = ready()
     f["disk_free"] = 5 * 10**9
-    assert any("not enough disk for the weights: 5.0 GB free" in s for s in preflight.check("h", f, DATA).refusals)
+    assert any("not enough disk for the weights: 5.0 GB free" in s for s in verdict("h", f, DATA).refusals)
 
 
 def test_nvml_trap_judged_by_the_cgroup_driver_docker_will_have():
@@ -94,16 +95,16 @@ def test_nvml_trap_judged_by_the_cgroup_driver_docker_will_have():
     f = ready()
     f.update(cgroup=1)
     f["docker"].update(server="20.10.24", cgroup_version=1, cgroup_driver="systemd")
-    v = preflight.check("h", f, DATA)
+    v = verdict("h", f, DATA)
     assert v.ok and v.plan.docker_exec_opts == ["native.cgroupdriver=cgroupfs"]
     # an explicit systemd driver cannot be remedied with cgroupfs: one sentence, no plan
     f["docker"]["cgroup_driver"] = "cgroupfs"
-    v = preflight.check("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
+    v = verdict("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
     assert any("docker_exec_opts keeps the systemd cgroup driver" in r for r in v.refusals), v.refusals
     # ... unless the GPUs come through CDI, which the trap does not touch
     f["docker"]["server"] = "29.1.3"
     f["toolkit"]["cdi_specs"] = ["/var/run/cdi/nvidia.yaml"]
-    v = preflight.check("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
+    v = verdict("h", f, {**DATA, "docker_exec_opts": ["native.cgroupdriver=systemd"]})
     assert v.ok and v.plan.gpu_method == "cdi"
 
 
@@ -123,9 +124,9 @@ def test_gpu_probe_script_reloads_between_two_nvidia_smi_and_records_only_on_suc
 def test_cdi_chosen_when_docker_has_it_and_the_toolkit_can_generate_the_spec():
     f = ready()  # Docker 29, toolkit 1.18.0, no spec yet: the host configuration generates it
     assert not f["toolkit"].get("cdi_specs")
-    assert preflight.check("h", f, DATA).plan.gpu_method == "cdi"
+    assert verdict("h", f, DATA).plan.gpu_method == "cdi"
     f["toolkit"]["version"] = None  # the hook alone (no nvidia-ctk) cannot generate one
-    assert preflight.check("h", f, DATA).plan.gpu_method == "gpus"
+    assert verdict("h", f, DATA).plan.gpu_method == "gpus"
 
 
 def _plan_cli(tmp_path, capsys, inventory: str, facts) -> tuple[int, str]:
@@ -178,7 +179,7 @@ def test_a_470_driver_is_told_it_is_too_old_for_the_query_naming_the_field():
 
     f = ready()
     f["gpus"] = NvidiaGpus().process(['Field "compute_cap" is not a valid field to query.', "", "RC=2"])
-    why = preflight.check("h", f, DATA).refusals
+    why = verdict("h", f, DATA).refusals
     assert len(why) == 1 and "too old for nemofleet's GPU query" in why[0] and "query field compute_cap" in why[0]
     assert "upgrade the NVIDIA data-center driver" in why[0] and "run nvidia-smi" not in why[0]
 
@@ -187,14 +188,14 @@ def test_an_image_cuda_newer_than_the_driver_table_refuses_naming_its_newest_row
     """Fail closed: a CUDA the table has no row for (or above) is never checked as "no driver needed"."""
     f = ready()
     f["image"] = {"id": "sha256:" + "1" * 64, "env": {"NVIDIA_REQUIRE_CUDA": "cuda>=13.9 brand=tesla,driver>=595"}}
-    why = preflight.check("h", f, DATA).refusals
+    why = verdict("h", f, DATA).refusals
     newest = max(preflight.CUDA_MIN_DRIVER, key=preflight.vt)
     assert len(why) == 1 and "needs CUDA 13.9 (its NVIDIA_REQUIRE_CUDA)" in why[0], why
     assert f"its newest row: CUDA {newest}, driver >= {preflight.CUDA_MIN_DRIVER[newest]}" in why[0]
     assert "set vllm_image_cuda" in why[0]
     # the override: the operator names the CUDA to check the driver against
-    assert preflight.check("h", f, {**DATA, "vllm_image_cuda": "13.0"}).ok
-    assert not preflight.check("h", f, {**DATA, "vllm_image_cuda": "13.2"}).ok  # 580.159.04 < 595.45.04
+    assert verdict("h", f, {**DATA, "vllm_image_cuda": "13.0"}).ok
+    assert not verdict("h", f, {**DATA, "vllm_image_cuda": "13.2"}).ok  # 580.159.04 < 595.45.04
     # between rows: the next row's driver, never none (12.7 is no CUDA release)
     assert preflight.min_driver("12.7") == preflight.CUDA_MIN_DRIVER["12.8"]
     assert preflight.min_driver("11.8") == preflight.CUDA_MIN_DRIVER["12.0"]
@@ -208,5 +209,5 @@ def test_a_compute_capability_of_non_ascii_digits_is_none():
     is not MAJOR.MINOR."""
     f = ready()
     f["gpus"]["gpus"][0]["cc"] = "٩.٠"
-    why = preflight.check("h", f, DATA).refusals
+    why = verdict("h", f, DATA).refusals
     assert any("compute capability '٩.٠' is not of the form MAJOR.MINOR" in r for r in why), why

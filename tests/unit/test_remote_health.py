@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from nemofleet import render, settings
-from nemofleet.plan import Gpu, make_plan
+from nemofleet.plan import Gpu
+from opharness import make_plan  # noqa: E402
 
 GPUS = [Gpu(i, f"GPU-{i:08d}-aaaa-4000-8000-000000000000", "NVIDIA H100 80GB HBM3", 81559, "9.0",
             bus_id=f"00000000:{0x18 + i:02X}:00.0") for i in range(2)]

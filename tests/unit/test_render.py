@@ -1,7 +1,8 @@
 """Rendered units: systemd quoting, GPU selection, network forms per Docker version."""
 import shlex
 
-from nemofleet.plan import Gpu, make_plan
+from nemofleet.plan import Gpu
+from opharness import make_plan  # noqa: E402
 from nemofleet.render import health_cron, release_id, systemd_word, unit
 from nemofleet import settings
 from nemofleet.settings import defaults

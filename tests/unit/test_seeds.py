@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from nemofleet import models, recipes, vllm_flags
-from nemofleet.plan import Gpu, PlanError, gpus_from_facts, make_plan, vllm_batch_defaults
+from nemofleet import factmodel  # noqa: E402
+from nemofleet.plan import Gpu, PlanError, gpus_from_facts, vllm_batch_defaults
+from opharness import make_plan  # noqa: E402
 
 HERE = Path(__file__).parent
 SEEDS_DIR = HERE.parents[2] / "shared" / "seeds"  # the source documents, beside the repository
@@ -147,7 +149,8 @@ def _gpus(name, mib, cc, n=1, unified=False):
             for i in range(n)]
 
 
-GB10 = gpus_from_facts(json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())["gpus"]["gpus"])
+GB10 = gpus_from_facts([factmodel.Gpu.model_validate(r) for r in
+                        json.loads((FIXTURES / "gb10" / "hostfacts.json").read_text())["gpus"]["gpus"]])
 A100_80 = _gpus("NVIDIA A100-SXM4-80GB", 81920, "8.0")
 A100_40 = _gpus("NVIDIA A100-SXM4-40GB", 40960, "8.0")  # seed 002: "GPU Name: A100-SXM4-40GB"
 H100 = _gpus("NVIDIA H100 80GB HBM3", 81559, "9.0")

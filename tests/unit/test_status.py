@@ -14,7 +14,8 @@ import pytest
 import standin_server
 
 from nemofleet.fleet.status import gpu_lines, load_text, unit_lines
-from nemofleet.plan import Gpu, make_plan
+from nemofleet.plan import Gpu
+from opharness import make_plan  # noqa: E402
 from nemofleet.render import health_config, health_program
 from nemofleet.settings import defaults
 

@@ -20,11 +20,20 @@ from pyinfra.api.exceptions import FactProcessError
 from ..valuetypes import Unreadable, shown
 
 
+# the HostFacts parts, {part: (fact class, its arguments)}, as the facts declare them
+PARTS: dict[str, tuple[type, dict]] = {}
+
+
 class Fact(FactBase):
     """A nemofleet fact: `parse(lines)` reads the host's output (pyinfra's `process` is Fact's)."""
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, part: str | None = None, reads: dict | None = None, **kwargs):
+        """`class X(Fact, part="gpus", reads={...})`: X is the HostFacts part `gpus` (a field of
+        factmodel.Facts), run with these arguments (a name of HostFacts.ARGS stands for its value).
+        A part is declared where its fact is, so adding one is that fact and its Facts field."""
         super().__init_subclass__(**kwargs)
+        if part is not None:
+            PARTS[part] = (cls, reads or {})
         if "process" in vars(cls):
             raise TypeError(f"{cls.__name__} defines process(): a nemofleet fact defines parse(), and "
                             "Fact.process reads it (facts/__init__.py)")

@@ -14,7 +14,7 @@ from ..valuetypes import host_json, host_number, shown
 ABSENT = "##NEMOFLEET_ABSENT##"
 
 
-class DockerInfo(EngineFact):
+class DockerInfo(EngineFact, part="docker"):
     """{"installed", "running", "server", "cgroup_driver", "cgroup_version", "default_runtime", "runtimes"}:
     GET /info, what `docker info` shows."""
 
@@ -30,7 +30,8 @@ class DockerInfo(EngineFact):
     def requests(self):
         return [engine.request("info", "/info")]
 
-    def default(self):
+    @staticmethod
+    def default():
         return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
                 "cgroup_version": None, "default_runtime": None, "runtimes": []}
 
@@ -60,7 +61,7 @@ class DockerInfo(EngineFact):
         return out
 
 
-class DaemonJson(Fact):
+class DaemonJson(Fact, part="daemon_json", reads={"path": "/etc/docker/daemon.json"}):
     """/etc/docker/daemon.json: {"exists", "text", "data", "error"}. `data` is its JSON object, {}
     when there is no file, and None when nemofleet must leave the file as it is (`error` says why:
     not a regular file, not JSON as dockerd reads it, a key nemofleet merges of another type)."""
@@ -76,7 +77,8 @@ class DaemonJson(Fact):
         return (f"if [ -f {q} ]; then echo '{self.FILE}'; cat {q}; echo; "
                 f"elif [ -e {q} ] || [ -L {q} ]; then echo '{self.NOT_A_FILE}'; else echo '{ABSENT}'; fi")
 
-    def default(self):
+    @staticmethod
+    def default():
         return {"exists": True, "text": "", "data": None, "error": "daemon.json is empty"}
 
     def parse(self, output):
@@ -96,7 +98,7 @@ class DaemonJson(Fact):
         return {"exists": True, "text": text, "data": None if why else data, "error": f"a file that {why}" if why else None}
 
 
-class ImageInfo(EngineFact):
+class ImageInfo(EngineFact, part="image", reads={"ref": "image"}):
     """{"id", "env"} of a local image, or None when it is not on the host: GET /images/{ref}/json,
     what `docker image inspect` shows."""
 
@@ -123,14 +125,16 @@ class ImageInfo(EngineFact):
         return {"id": body["Id"], "env": dict(e.split("=", 1) for e in env_list if "=" in e)}
 
 
-class HostAddresses(Fact):
+class HostAddresses(Fact, part="addresses"):
     """{interface: [IP address, ...]} of the host (`ip -o addr`). docker0's first IPv4 address is
     Docker's default bridge gateway: what `host-gateway` (`--add-host=host.docker.internal:host-gateway`)
     resolves to in containers."""
 
-    command = "ip -o addr show 2>/dev/null | awk '{print $2, $4}'"
+    def command(self) -> str:
+        return "ip -o addr show 2>/dev/null | awk '{print $2, $4}'"
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):
@@ -152,7 +156,8 @@ class Networks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("network", n), engine.named("networks", n)) for n in names]
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):
@@ -174,12 +179,13 @@ class ContainerNetworks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("container", n), engine.named("containers", n, "/json")) for n in names]
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):
         found = engine.answers(output)
-        out = {}
+        out: dict[str, dict | None] = {}
         for name, key in engine.keyed(found, "container"):
             status, body = engine.answer(found, key)
             if status != 200 or not isinstance(body, dict) or body.get("Name") != f"/{name}":

@@ -20,6 +20,8 @@ engine fact says so in one sentence.
 
 from __future__ import annotations
 
+from typing import Any
+
 from urllib.parse import quote as url_quote, unquote as url_unquote
 
 from .. import remote, shell
@@ -132,10 +134,10 @@ class EngineFact(Fact):
     before the read's (DockerInfo: is the docker CLI installed). A read that failed gives the
     fact's own fallback (Unreadable.value) or its default; HostFacts refuses the host in its sentence."""
 
-    def requests(self, **kwargs) -> list[tuple[str, str]]:
+    def requests(self, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
         raise NotImplementedError
 
-    def prefix(self, **kwargs) -> str | None:
+    def prefix(self, *args: Any, **kwargs: Any) -> str | None:
         return None
 
     def read(self, **kwargs) -> str:

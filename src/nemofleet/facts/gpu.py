@@ -77,7 +77,7 @@ def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
     return rest, kb
 
 
-class NvidiaGpus(Fact):
+class NvidiaGpus(Fact, part="gpus"):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
     `smi` is False when nvidia-smi is not installed; `rc`/`error` carry its failure (rc 124:
@@ -94,7 +94,8 @@ class NvidiaGpus(Fact):
                 f"timeout {SMI_TIMEOUT} nvidia-smi --query-gpu={','.join(GPU_FIELDS)} "
                 '--format=csv,noheader,nounits 2>&1; echo "RC=$?"')
 
-    def default(self):
+    @staticmethod
+    def default():
         return {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
 
 
@@ -123,7 +124,7 @@ class NvidiaGpus(Fact):
         return out
 
 
-class NvidiaCudaVersion(Fact):
+class NvidiaCudaVersion(Fact, part="cuda"):
     """Highest CUDA version the driver supports, from `nvidia-smi -q -x` (no query field exists);
     None when nvidia-smi is absent or says N/A. parse() raises Unreadable on a timeout or a value
     that is not a version."""
@@ -145,7 +146,7 @@ class NvidiaCudaVersion(Fact):
         return value
 
 
-class ContainerToolkit(Fact):
+class ContainerToolkit(Fact, part="toolkit"):
     """NVIDIA Container Toolkit: {"version", "hook", "runtime", "cdi_specs", "cdi_refresh"}."""
 
     def command(self) -> str:
@@ -156,7 +157,8 @@ class ContainerToolkit(Fact):
                 "for f in /etc/cdi/nvidia.yaml /var/run/cdi/nvidia.yaml; do [ -s $f ] && echo cdi=$f; done; "
                 "echo cdi_refresh=$(systemctl is-enabled nvidia-cdi-refresh.path 2>/dev/null); true")
 
-    def default(self):
+    @staticmethod
+    def default():
         return {"version": None, "hook": False, "runtime": False, "cdi_specs": [], "cdi_refresh": False}
 
 

@@ -10,6 +10,8 @@ one sentence, which refuses that host only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import re
 
 
@@ -21,7 +23,7 @@ from ..nvsmi import (  # noqa: F401  (HEALTH_FIELDS, bus_key, typed: the names i
     HEALTH_FIELDS, LOG_TIMEOUT, LOST, RESETS_FILE, SICK_GLOB, SMI_HUNG, XID_BUS, XID_TAIL, _XID, bus_key, typed)
 
 
-class GpuHealth(Fact):
+class GpuHealth(Fact, part="health"):
     """{"gpus": [{query field: typed value}], "refused_fields", "xids": [{"code", "bus_id", "uptime",
     "time", "text"}], "boot_time", "resets": {bus: unix time}, "fabric_manager": {"version", "active"},
     "drained": {uuid: {"since", "index", "reason"}} (GPUs the health script drained), "error"}.
@@ -51,7 +53,8 @@ class GpuHealth(Fact):
                 "| sed -n 's/.*[Vv]ersion is *: *//p' | head -n 1)\"; "
                 "echo \"FM_ACTIVE=$(timeout 5 systemctl is-active nvidia-fabricmanager 2>/dev/null)\"; true")
 
-    def default(self):
+    @staticmethod
+    def default():
         return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
                 "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
 
@@ -122,7 +125,7 @@ def _rows(lines: list[str]) -> list[dict]:
             raise Unreadable(f"nvidia-smi printed a health row of {len(row)} fields, not {len(header)}{where}: "
                              f"{shown(line, 200)}")
         raw = dict(zip(header, (c.strip() for c in row)))
-        gpu = {"lost": any(v == LOST for v in raw.values())}
+        gpu: dict[str, Any] = {"lost": any(v == LOST for v in raw.values())}
         for name, value in raw.items():
             gpu[name] = None if value == LOST else typed(name, value, where)
         gpus.append(gpu)
@@ -145,7 +148,7 @@ def _xid(text: str, out: dict) -> None:
     m = _XID.match(text.strip())
     code = host_number(m.group(3), 0, 10**6) if m else None
     uptime = host_number(m.group(1), 0, 10**10, decimal=True) if m else None
-    if code is not None and uptime is not None:  # a line of another shape is left out: the kernel log is free text
+    if m and code is not None and uptime is not None:  # a line of another shape is left out: the kernel log is free text
         out["xids"].append({"code": code, "bus_id": bus_key(m.group(2)), "uptime": uptime,
                             "time": None, "text": (m.group(4) or "").strip()[:160]})
 

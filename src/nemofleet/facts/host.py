@@ -6,35 +6,37 @@ from .. import shell  # the one quoting boundary
 
 from pyinfra.api.exceptions import FactProcessError
 
-from . import Fact
+from . import PARTS, Fact
+from ..factmodel import Facts
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from ..valuetypes import host_number
-from .docker import DaemonJson, DockerInfo, HostAddresses, ImageInfo
-from .gpu import TIMED_OUT, ContainerToolkit, NvidiaCudaVersion, NvidiaGpus
-from .gpuhealth import SMI_HUNG, GpuHealth
+from . import docker, lock, weights  # noqa: F401  (imported for the parts their facts declare)
+from .gpu import TIMED_OUT
+from .gpuhealth import SMI_HUNG
 from . import engine, schema
 from .schema import part_problem
-from .lock import DeployLock  # the lock's scripts: nemofleet.hostcmd
-from .weights import ModelsOnDisk
 
 
-class CgroupVersion(Fact):
+class CgroupVersion(Fact, part="cgroup"):
     """1 or 2, from the filesystem type of /sys/fs/cgroup (cgroups(7): cgroup2fs is v2)."""
 
-    command = "stat -fc %T /sys/fs/cgroup/ 2>/dev/null || true"
+    def command(self) -> str:
+        return "stat -fc %T /sys/fs/cgroup/ 2>/dev/null || true"
 
     def parse(self, output):
         kind = (output[0] if output else "").strip()
         return 2 if kind == "cgroup2fs" else 1 if kind == "tmpfs" else None
 
 
-class OsRelease(Fact):
+class OsRelease(Fact, part="os"):
     """/etc/os-release as a dict."""
 
-    command = "cat /etc/os-release 2>/dev/null || true"
+    def command(self) -> str:
+        return "cat /etc/os-release 2>/dev/null || true"
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):
@@ -49,7 +51,7 @@ class OsRelease(Fact):
 DISK_TIMEOUT = 20  # seconds for df and the models listing on a (possibly network) filesystem
 
 
-class FreeDisk(Fact):
+class FreeDisk(Fact, part="disk_free", reads={"path": "models_root"}):
     """Free bytes on the filesystem that holds `path` (or its nearest existing parent)."""
 
     def command(self, path: str) -> str:
@@ -62,10 +64,11 @@ class FreeDisk(Fact):
         return host_number(output[0], 0, 2**62)
 
 
-class Release(Fact):
+class Release(Fact, part="release"):
     """The release the host serves (/var/lib/nemofleet/release): {"id", "image", "model"} or None."""
 
-    command = "cat /var/lib/nemofleet/release 2>/dev/null || true"
+    def command(self) -> str:
+        return "cat /var/lib/nemofleet/release 2>/dev/null || true"
 
     def parse(self, output):
         out = {}
@@ -76,22 +79,25 @@ class Release(Fact):
         return out or None
 
 
-class GpuAccessRecord(Fact):
+class GpuAccessRecord(Fact, part="gpu_access"):
     """The signature of the GPU access setup that last passed the daemon-reload probe, or None."""
 
-    command = "cat /var/lib/nemofleet/gpu-access 2>/dev/null || true"
+    def command(self) -> str:
+        return "cat /var/lib/nemofleet/gpu-access 2>/dev/null || true"
 
     def parse(self, output):
         return "\n".join(output).strip() or None
 
 
-class RdmaDevices(Fact):
+class RdmaDevices(Fact, part="rdma"):
     """InfiniBand/RoCE adapters (/sys/class/infiniband): NCCL uses RDMA across hosts when there is
     one, TCP sockets otherwise (a serving group warns about the latter)."""
 
-    command = "ls /sys/class/infiniband 2>/dev/null || true"
+    def command(self) -> str:
+        return "ls /sys/class/infiniband 2>/dev/null || true"
 
-    def default(self):
+    @staticmethod
+    def default():
         return []
 
     def parse(self, output):
@@ -105,24 +111,9 @@ class HostFacts(Fact):
     fact and this combined fact always agree (and are tested with the same fixtures).
     """
 
-    PARTS = {
-        "gpus": (NvidiaGpus, {}),
-        "cuda": (NvidiaCudaVersion, {}),
-        "toolkit": (ContainerToolkit, {}),
-        "docker": (DockerInfo, {}),
-        "daemon_json": (DaemonJson, {"path": "/etc/docker/daemon.json"}),
-        "cgroup": (CgroupVersion, {}),
-        "os": (OsRelease, {}),
-        "disk_free": (FreeDisk, {"path": "models_root"}),
-        "models": (ModelsOnDisk, {"root": "models_root"}),
-        "image": (ImageInfo, {"ref": "image"}),
-        "release": (Release, {}),
-        "gpu_access": (GpuAccessRecord, {}),
-        "lock": (DeployLock, {}),
-        "addresses": (HostAddresses, {}),
-        "rdma": (RdmaDevices, {}),
-        "health": (GpuHealth, {}),  # docs/gpu-health.md
-    }
+    # every part a fact declares (Fact's `part=`), in the order of factmodel.Facts' fields: nvidia-smi
+    # first (its output is kept for the health part's check of a hung nvidia-smi)
+    PARTS = {k: PARTS[k] for k in Facts.model_fields if k in PARTS}
     MARK = "@@nemofleet-fact:"
     ENGINE = "engine"  # the section of the Docker parts' shared read
 

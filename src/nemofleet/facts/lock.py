@@ -21,12 +21,13 @@ from ..lockinfo import lock_refusal
 __all__ = ["DeployLock", "lock_refusal"]
 
 
-class DeployLock(Fact):
+class DeployLock(Fact, part="lock"):
     """The lock's info {holder, token_sha256, since, expires, message, now} or None when free.
     `now` is the host's clock, the one `expires` was written with; a time that is none is left
     out (lockinfo.parse), so the part's type (factmodel.Lock) holds only what lockinfo can read."""
 
-    command = commands.lock_status()  # always exits 0
+    def command(self) -> str:
+        return commands.lock_status()  # always exits 0
 
     def parse(self, output):
         out = lockinfo.parse(output)

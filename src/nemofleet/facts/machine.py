@@ -6,7 +6,8 @@ from . import Fact
 
 
 class MachineId(Fact):
-    command = "cat /etc/machine-id 2>/dev/null || true"
+    def command(self) -> str:
+        return "cat /etc/machine-id 2>/dev/null || true"
 
     def parse(self, output):
         return "".join(output).strip() or None

@@ -15,7 +15,8 @@ class AptPackages(Fact):
         return (f"dpkg-query -W -f='pkg ${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' {q} 2>/dev/null; "
                 f"apt-mark showhold {q} 2>/dev/null | sed 's/^/held /'; true")
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):

@@ -65,6 +65,8 @@ class Batch(Fact):
         for line in output:
             if line.startswith(MARK):
                 current = host_number(line[len(MARK):], ENGINE, 10**6)
+                if current is None:
+                    continue
                 if current in sections:
                     twice.add(current)
                 sections[current] = []

@@ -22,14 +22,16 @@ class UnitStates(Fact):
                 f"for f in {UNIT_GLOB}; do [ -e \"$f\" ] && echo \"file $(basename $f)\"; done; true")
 
     def parse(self, output):
-        out = {"units": {}, "files": []}
+        units: dict[str, dict] = {}
+        files: list[str] = []
+        out = {"units": units, "files": files}
         for line in output:
             parts = line.split()
             if len(parts) < 2:
                 continue  # not a line of the listing (a bare "unit": a unit name cannot be empty)
             if parts[:1] == ["unit"]:
-                out["units"][parts[1]] = {"enabled": parts[2:3] == ["enabled"],
+                units[parts[1]] = {"enabled": parts[2:3] == ["enabled"],
                                           "active": parts[3:4] == ["active"] or parts[2:3] == ["active"]}
             elif parts[:1] == ["file"]:
-                out["files"].append(parts[1])
+                files.append(parts[1])
         return out

@@ -51,7 +51,7 @@ class WeightsStatus(Fact):
         return None
 
 
-class ModelsOnDisk(Fact):
+class ModelsOnDisk(Fact, part="models", reads={"root": "models_root"}):
     """Per model directory under `root`: the index total_size and the config fields the plan uses
     (remote/models_on_disk.py)."""
 
@@ -61,7 +61,8 @@ class ModelsOnDisk(Fact):
         # is a third of a python start's CPU on every converged host's no-op
         return shell.join(["timeout", 60, *remote.argv("models_on_disk", root)]) + " 2>/dev/null || echo '{}'"
 
-    def default(self):
+    @staticmethod
+    def default():
         return {}
 
     def parse(self, output):
@@ -101,7 +102,8 @@ class HubCommit(Fact):
                                                                         paths.HF_ENV, HUB_COMMIT_TIMEOUT - 5)])
                 + f" 2>/dev/null || echo '{{\"error\": \"the Hub query did not finish within {HUB_COMMIT_TIMEOUT} s\"}}'")
 
-    def default(self):  # no output at all (pyinfra's value for it too)
+    @staticmethod
+    def default():  # no output at all (pyinfra's value for it too)
         return {"error": "no answer from the Hub query"}
 
     def parse(self, output):

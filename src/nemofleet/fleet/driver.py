@@ -170,7 +170,7 @@ def _select(inv, inventory: str, limit: list[str]) -> list:
         raise FleetError(f"{inventory} has no hosts")
     if not limit:
         return everyone
-    chosen = set()
+    chosen: set[str] = set()
     for pattern in limit:
         group = [h for h in everyone if pattern in (h.groups or [])]
         hits = group or [h for h in everyone if fnmatch.fnmatch(h.name, pattern)]
@@ -229,7 +229,8 @@ def group_units(inventory: str, hosts: list[str]) -> list[list[str]]:
     together); any other host is a unit of its own. A selection that takes part of a group is
     refused: deploying half a group would leave its members running different releases."""
     data = host_data(inventory)
-    out, seen = [], set()
+    out: list = []
+    seen: set = set()
     for h in hosts:
         if h in seen:
             continue

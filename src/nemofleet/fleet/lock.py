@@ -154,7 +154,7 @@ def with_lock(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT
 def status(inventory: str, hosts: list[str]) -> dict[str, dict | None]:
     """{host: info (with `now`, the host's clock) or None when free}; unreachable hosts answer
     {"error": sentence}."""
-    out = {}
+    out: dict[str, dict | None] = {}
     for h, e in driver.exec_all(inventory, hosts, commands.lock_status(), LOCK_TIMEOUT).items():
         parsed = lockinfo.parse(e.lines())
         if not e.reachable or "state" not in parsed:

@@ -55,7 +55,7 @@ def batch_size(batch: str, n_hosts: int) -> int:
     return n
 
 
-def batches(hosts: list[str], batch: str, canary: int) -> list[list[str]]:
+def batches(hosts: list, batch: str, canary: int) -> list[list]:
     """Deterministic batches in inventory order: the canary batch first, then `batch` (N or P%
     of all hosts)."""
     size = batch_size(batch, len(hosts))
@@ -134,7 +134,7 @@ class ticking:
         self.thread = threading.Thread(target=self._run, daemon=True) if log else None
 
     def _run(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.wait(1.0) and self.beat is not None:
             self.beat.beat()
 
     def __enter__(self):
@@ -296,7 +296,7 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
     rolls back every member it changed."""
     t0 = time.time()
     before = {m: read_state(inventory, m) for m in members}
-    results = [HostResult(m, old=(before[m].release if before[m] else None)) for m in members]
+    results = [HostResult(m, old=(b.release if (b := before[m]) else None)) for m in members]
     lost = [m for m in members if before[m] is None]
     if lost:
         for res in results:
@@ -590,7 +590,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     base = pick_baseline(baked, old, {**start, **before})
                     own = own_window(start, before, baked, slo) if not base else None
                     log(f"  baking {', '.join(baked)} for {bake_seconds:.0f}s against "
-                        f"{', '.join(base) if base else own[1]}")
+                        f"{', '.join(base) if base else own[1] if own else ''}")
                     try:
                         record = bake(session, baked, base, own, bake_seconds, slo, log)
                     except KeyboardInterrupt:

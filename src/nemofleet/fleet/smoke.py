@@ -88,7 +88,7 @@ def parse(host: str, rc: int, text: str, reachable: bool = True) -> Answer:
     body = "\n".join(lines[:i]).strip()
     m = re.fullmatch(r"(\S+) (\S+) (.*)", rest)
     code, seconds = (host_number(m.group(1), 0, 999), host_number(m.group(2), 0, 86400, decimal=True)) if m else (None, None)
-    if kind != "http" or code is None or seconds is None:
+    if m is None or kind != "http" or code is None or seconds is None:
         return Answer(host, False, error=f"unexpected marker line {shown(lines[i], 200)}")
     via = m.group(3)
     if code == 0:  # no HTTP answer (refused, timed out): the reason is the body

@@ -116,7 +116,8 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
         unit, state = parts[1], parts[2]
         what = parts[3] if len(parts) > 3 else ""
         name = unit.removeprefix("nemofleet-vllm-").removesuffix(".service")
-        age = f"{now - last[name]:.0f}s ago" if last.get(name) else "never"
+        seen = last.get(name)
+        age = f"{now - seen:.0f}s ago" if seen else "never"
         health = {"1": "healthy", "0": "UNHEALTHY"}.get(ups.get(name, ""), "unknown")
         served = what.split("(", 1)[1].rstrip(")") if "(" in what else what  # "model on GPU 0,1"
         figures = load_text(load.get(name, {}))
@@ -130,9 +131,9 @@ def gpu_lines(lines: list[str]) -> list[str]:
     out = []
     for ln in lines:
         parts = ln.split(None, 4)
-        since = host_time(parts[2]) if len(parts) >= 4 and parts[0] == "gpusick" else None
-        if since is not None:
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        when = host_time(parts[2]) if len(parts) >= 4 and parts[0] == "gpusick" else None
+        if when is not None:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
             why = parts[4] if len(parts) > 4 else "(no reason recorded)"
             out.append(f"GPU {parts[3]} ({parts[1]}) SICK since {since}, its instances out of the front door: {why}")
     return out

@@ -171,7 +171,7 @@ def remove_tree(path, dir_fd=None):
 # The run's deadline: deadline(seconds) arms an alarm that interrupts whatever waits when it comes
 # (TimeoutError, an OSError: a server trickling a byte a second keeps no read going past it), and
 # each socket's timeout is the time left. A per-read timeout alone bounds nothing.
-END = None
+END = None  # type: float | None
 
 
 def _expired(*_):
@@ -193,7 +193,7 @@ def deadline(seconds):
 
 def time_left(end=None):
     """Seconds left before `end` (the run's deadline by default); TimeoutError once it passed."""
-    left = (end or END) - time.monotonic()
+    left = (end or END or 0.0) - time.monotonic()  # no deadline set: no time left (fails closed)
     if left <= 0:
         raise TimeoutError("the deadline passed")
     return left
@@ -226,7 +226,7 @@ def http_request(url, headers=None, data=None, limit=1 << 20, hops=0, seconds=No
                 return None
             new = super().redirect_request(req, fp, code, msg, hdrs, newurl)
             if new is not None:
-                new.hops = n
+                setattr(new, "hops", n)
                 if _origin(newurl) != _origin(req.full_url):  # each hop copies the one before
                     for name in [k for k in new.headers if k.lower() == "authorization"]:
                         del new.headers[name]

@@ -56,8 +56,7 @@ def read(where, path, end):
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     words = head.split(None, 2)
     status = words[1].decode("ascii", "replace") if len(words) > 1 and words[1].isdigit() else "garbled"
-    body = body.replace(b"\r", b" ").replace(b"\n", b" ").decode("utf-8", "replace")
-    return status, body
+    return status, body.replace(b"\r", b" ").replace(b"\n", b" ").decode("utf-8", "replace")
 
 
 def main(argv):

@@ -35,6 +35,10 @@ import subprocess
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 CONFIG = "/etc/nemofleet/health.json"
 NA = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 ACTIONS = {"None": 0, "Reset": 1, "Reboot": 2, "Drain P2P": 3, "Drain and Reset": 4}
@@ -128,8 +132,8 @@ class Health:
         if self.run(["systemctl", "is-active", "-q", unit], 30)[0] != 0:
             return "headless worker of serving group %s: %s is not active" % (g.get("name"), unit)
         try:
-            socket.create_connection((g.get("head"), int(g.get("port"))), timeout=5).close()
-        except (OSError, ValueError, TypeError):
+            socket.create_connection((g["head"], int(g["port"])), timeout=5).close()
+        except (OSError, ValueError, TypeError, KeyError):
             return "the head of serving group %s (%s:%s) does not answer: the group is down" % (
                 g.get("name"), g.get("head"), g.get("port"))
         return None
@@ -287,7 +291,7 @@ class Health:
                     btime = int(ln.split()[1])
         except (OSError, ValueError):
             pass
-        resets = {}
+        resets = {}  # type: dict[str, int]
         for ln in (read_file(self.cfg["resets_file"], 1 << 20) or b"").decode("utf-8", "replace").splitlines():
             p = ln.split()
             if len(p) == 2 and p[1].isdigit():
@@ -301,12 +305,12 @@ class Health:
             if r.returncode == 0:
                 log = r.stdout
                 break
-        xids = {}
+        xids = {}  # type: dict[str, list]
         for ln in [x for x in log.splitlines() if "NVRM: Xid" in x][-200:]:
             m = re.match(r"^\[\s*(\d+(?:\.\d+)?)\].*NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)", ln)
             if m:
                 xids.setdefault(bus_key(m.group(2)), []).append((btime + float(m.group(1)), int(m.group(3))))
-        metrics, verdicts = {}, []
+        metrics, verdicts = {}, []  # type: dict, list
 
         def metric(name, g, value, **extra):
             if value is not None:

@@ -29,6 +29,10 @@ import subprocess
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 CALL_TIMEOUT = 10
 WEIGHTS_BUDGET = 60  # seconds for all of the weights figures (the shell version's per-directory bound)
 INDEX = "model.safetensors.index.json"
@@ -178,6 +182,6 @@ if __name__ == "__main__":
         print("usage: host_status.py RELEASE UNIT_DIR UNIT_PREFIX PROM_FILE HEALTH_STATE MODELS_ROOT MARKER AUDIT_LOG",
               file=sys.stderr)
         sys.exit(2)
-    sys.stdout.reconfigure(errors="replace")
+    sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # a TextIOWrapper
     main([a.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for a in sys.argv])
     sys.exit(0)

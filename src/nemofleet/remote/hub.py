@@ -25,6 +25,10 @@ import shutil
 import sys
 import urllib.parse
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 # the revision answer is a few KB; the file list of a 232 GB checkpoint is well under 1 MB
 ANSWER_LIMIT = 64 * 1024 * 1024
 SIZE_LIMIT = 2 ** 63

@@ -31,6 +31,10 @@ import stat
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 NO_INFO_TTL = 2 * 3600  # the default TTL of nemofleet.fleet.lock (hostcmd.NO_INFO_TTL: a test keeps them equal)
 STALE = 3600  # a temporary directory this old is a leftover of a controller killed mid-step
 INFO_LIMIT = 64 * 1024
@@ -74,7 +78,7 @@ def read_info(lock):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    info, seen = {}, set()
+    info, seen = {}, set()  # type: dict[str, str], set[str]
     for line in text.split("\n"):
         key, sep, value = line.partition("=")
         if not sep or key not in KEYS:
@@ -149,9 +153,10 @@ def acquire(lock, holder, digest, ttl, message):
             remove_tree(moved)
             try:
                 os.rename(lock, moved)
+                took = True
             except OSError:
-                moved = None
-            if moved:
+                took = False
+            if took:
                 if expiry(moved) == exp:
                     show(read_info(moved), "expired_")
                     remove_tree(moved)
@@ -260,7 +265,7 @@ NOW = int(time.time())
 
 if __name__ == "__main__":
     try:
-        sys.stdout.reconfigure(errors="replace")
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # a TextIOWrapper
         main([a.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for a in sys.argv])
     except Usage as exc:
         print(exc, file=sys.stderr)

@@ -19,6 +19,10 @@ import re
 import subprocess
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 WANTED = re.compile(r"^(vllm:(request_success_total|time_to_first_token_seconds_bucket|"
                     r"e2e_request_latency_seconds_bucket)|http_requests_total)")
 

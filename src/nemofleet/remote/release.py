@@ -39,6 +39,10 @@ import subprocess
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 # seconds each call may take (the shell script before this program used the same figures)
 TIMEOUTS = {"disable": 300, "daemon-reload": 120, "enable": 60, "restart": 60, "is-active": 10, "drain-state": 30}
 FLOCK_WAIT = 60  # the health program's lock, shared with its cron runs
@@ -188,7 +192,7 @@ def main(argv):
     elif action == "keep" and len(args) == 4:
         do_keep(*args)
     elif action == "rollback" and len(args) == 8 and re.fullmatch(r"[0-9]{1,5}", args[7]):
-        do_rollback(*args[:7], int(args[7]))
+        do_rollback(*args[:7], int(args[7]))  # type: ignore[call-arg]  # seven strings, counted above
     elif action == "audit" and len(args) == 4:
         do_audit(*args)
     else:
@@ -199,8 +203,8 @@ def main(argv):
 
 if __name__ == "__main__":
     try:
-        sys.stdout.reconfigure(errors="replace")
-        sys.stderr.reconfigure(errors="replace")
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[union-attr]  # a TextIOWrapper
+        sys.stderr.reconfigure(errors="replace")  # type: ignore[union-attr]  # a TextIOWrapper
         rc = main([a.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for a in sys.argv])
     except Refused as exc:
         print(exc, file=sys.stderr)

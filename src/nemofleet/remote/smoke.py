@@ -24,6 +24,10 @@ import re
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 
 def say(mark, kind, text):
     print(f"{mark} {kind} {text}")

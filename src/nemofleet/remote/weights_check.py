@@ -29,6 +29,10 @@ import os
 import struct
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    from ._prelude import *  # noqa: F403
+
 MARKER = ".nemofleet-complete"
 INDEX = "model.safetensors.index.json"
 CACHE = ".cache/huggingface/download"
