@@ -370,19 +370,19 @@ def decide(i: HostInputs) -> Desired:
     p, refused, warned = _plan(i)
     refusals += refused
     warnings += warned
-    config, refused = host_configuration(s, p, facts)
+    owned, defaults, refused = host_configuration(s, p, facts)
     refusals += refused
     if p is not None:
         refusals += _secret_refusals(i.secrets)
         if front_door_wanted(s, p):
             refusals += front_door_refusals(s, p, facts)
     if refusals or p is None:
-        return Desired(**head, refusals=refusals, warnings=warnings, settings=s, preview=p,
-                       daemon_json=config["daemon_json"], daemon_json_defaults=config["daemon_json_defaults"])
+        return Desired(**head, refusals=refusals, warnings=warnings, settings=s, preview=p, daemon_json=owned,
+                       daemon_json_defaults=defaults)
     secrets = dict(i.secrets)
-    fields: dict[str, Any] = {**config, **host_files_part(s, p, facts, secrets)}
+    fields: dict[str, Any] = dict(daemon_json=owned, daemon_json_defaults=defaults, **host_files_part(s, p, facts, secrets))
     w, weights_warnings = weights(s, p, facts, secrets)
-    serve = serving(s, p, facts, config["daemon_json"], i.operator)
+    serve = serving(s, p, facts, owned, i.operator)
     door = front_door(s, p, facts, secrets) if front_door_wanted(s, p) else {}
     door_warnings = door.pop("warnings", [])
     lines = serve.pop("frontend_lines") + door.pop("frontend_lines", [])
@@ -407,7 +407,7 @@ def _plan(i: HostInputs) -> tuple[Plan | None, list[str], list[str]]:
     return p, refused, list(p.warnings) + warned
 
 
-def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict[str, Any], list[str]]:
+def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict, dict, list[str]]:
     """daemon.json's keys (those nemofleet owns, those written only when absent) and why they
     cannot be written here."""
     owned, defaults = docker_settings(s, p, facts), docker_defaults(s)
@@ -426,7 +426,7 @@ def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -
     if facts.daemon_json.data is None:
         refusals.append(Refusal(f"/etc/docker/daemon.json is {facts.daemon_json.error}; nemofleet leaves it "
                                 "untouched: fix or remove it, then re-run", "daemon-json"))
-    return {"daemon_json": owned, "daemon_json_defaults": defaults}, refusals
+    return owned, defaults, refusals
 
 
 def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def test_lock_refusal_names_holder_and_the_way_out():
 
 def test_deploy_lock_fact_parses_the_status_script():
     fact = DeployLock()
-    assert fact.command == commands.lock_status()
+    assert fact.command() == commands.lock_status()
     assert fact.process(["state=FREE", "now=5"]) is None
     info = fact.process(["state=HELD", "holder=a@b", "since=s", "expires=9", "message=m", "token_sha256=x", "now=5"])
     assert info == {"holder": "a@b", "since": "s", "expires": 9, "message": "m", "token_sha256": "x", "now": 5}

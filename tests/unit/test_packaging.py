@@ -27,11 +27,10 @@ HOOK = ("nemofleet_testbed", "nemofleet/cli.py")
 SCRIPT = r"""
 import importlib.util, nemofleet, pathlib
 from nemofleet import render, settings
-from nemofleet.plan import Gpu
-from opharness import make_plan  # noqa: E402
+from nemofleet.plan import Gpu, make_plan
 assert "site-packages" in nemofleet.__file__, nemofleet.__file__
 assert importlib.util.find_spec("nemofleet_testbed") is None  # the testbed is not installed with the wheel
-p = make_plan("h", [Gpu(0, "GPU-0", "NVIDIA H200", 143771, "9.0")], {})
+p = make_plan("h", [Gpu(0, "GPU-0", "NVIDIA H200", 143771, "9.0")], settings.defaults())
 unit = render.unit(p, p.instances[0], [], 29)
 assert "ExecStart=/usr/bin/docker run" in unit and settings.DEFAULT_IMAGE in unit
 assert '"instances"' in render.health_config(p, settings.defaults()) and "def run_once" in render.health_program()
