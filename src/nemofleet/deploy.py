@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar, cast
 
-import os
 import sys
 import time
 import weakref
@@ -21,6 +20,7 @@ from pyinfra.api import deploy as _pyinfra_deploy
 from pyinfra.operations import python, server, systemd
 
 from . import bootstrap, factmodel, fanout, inputs, inventory, paths, render, runlock, spec
+from .lockinfo import operator
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .facts.host import HostFacts, known_reads
@@ -111,10 +111,6 @@ def run() -> Run:
     if r is None:
         r = _RUNS[state] = Run(state)
     return r
-
-
-def operator() -> str:
-    return f"{os.environ.get('NEMOFLEET_OPERATOR') or os.environ.get('USER') or 'root'}@{os.uname().nodename}"
 
 
 def host_inputs() -> HostInputs:

@@ -4,10 +4,21 @@ commands and the deploy's DeployLock fact."""
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 import time
 
 from .hostcmd import token_digest
 from .valuetypes import UNIX_MAX, host_time, is_number, printable, reads_host
+
+
+
+def operator() -> str:
+    """Who runs this, for the lock's holder and the audit log (the deploy's own run and every fleet
+    command alike): $NEMOFLEET_OPERATOR, else the login, @ this machine."""
+    return f"{os.environ.get('NEMOFLEET_OPERATOR') or getpass.getuser()}@{socket.gethostname()}"
+
 
 @reads_host(lambda why, lines: {})
 def parse(lines) -> dict:

@@ -9,13 +9,12 @@ exception: a timed-out deploy still lets the rollout roll back, print its summar
 from __future__ import annotations
 
 import fnmatch
-import getpass
 import json
 import os
 import re
 from .. import shell  # the one quoting boundary
+from ..lockinfo import operator  # noqa: F401  (the one operator(): fleet commands read it from here)
 from ..valuetypes import host_number
-import socket
 import subprocess
 import sys
 import time
@@ -55,11 +54,6 @@ class Exec:
 
     def lines(self) -> list[str]:
         return self.text.splitlines()
-
-
-def operator() -> str:
-    """Who runs this, for locks and the audit log: $NEMOFLEET_OPERATOR or the login, @ this machine."""
-    return f"{os.environ.get('NEMOFLEET_OPERATOR') or getpass.getuser()}@{socket.gethostname()}"
 
 
 def _text(value) -> str:
