@@ -56,6 +56,8 @@ def _source(s: Settings, prefix: str, repo: str | None, keyring: str, list_path:
         key = packages.dearmor(open(os.path.expanduser(key_file), "rb").read())
     except OSError as exc:
         return None, f"{prefix}_key_file {key_file} cannot be read on the controller ({exc.strerror})"
+    except ValueError as exc:  # packages.dearmor: no key apt can read
+        return None, f"{prefix}_key_file {key_file} is not an OpenPGP key apt can read: {exc}"
     if not re.match(r"^https?://\S+$", repo):
         return None, f"{prefix}_repo {repo!r} must be an http(s):// URL"
     return {"list": list_path, "keyring": keyring, "key": key,

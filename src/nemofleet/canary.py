@@ -48,6 +48,9 @@ COUNT_MAX = 2**53  # a sample the gate reads is a count or a bucket bound: never
 MAX_LINE = 4096
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+# the sample under which parse() counts the lines of a metric the gate reads that it cannot read:
+# the gate fails closed on them (verdict), it never judges without them
+UNREADABLE = ("nemofleet:unreadable_lines", ())
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -55,15 +58,17 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 @reads_host(lambda why, text: {})
 def parse(text: str) -> dict[tuple, float]:
     """The samples the gate reads from one /metrics text: {(name, ((label, value), ...)): value}.
-    Other metrics, comments and lines that do not parse (a value that is no count: NaN, +Inf,
-    1e309, '٣'; a line longer than MAX_LINE) are skipped (never an exception)."""
+    Other metrics and comments are skipped; a line of a metric the gate reads that does not parse
+    (a value that is no count: NaN, +Inf, 1e309, '٣'; a line longer than MAX_LINE) is counted under
+    UNREADABLE (never an exception, never left out silently: the gate fails closed on it)."""
     out: dict[tuple, float] = {}
     for line in text.splitlines():
-        if not line.startswith(WANTED) or len(line) > MAX_LINE:  # _LABEL is quadratic in a line's length
+        if not line.startswith(WANTED):
             continue
-        m = _LINE.match(line)
+        m = _LINE.match(line) if len(line) <= MAX_LINE else None  # _LABEL is quadratic in a line's length
         value = host_number(m.group(3), 0, COUNT_MAX, decimal=True) if m else None
         if value is None:
+            out[UNREADABLE] = out.get(UNREADABLE, 0) + 1
             continue
         assert m is not None
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
@@ -88,6 +93,7 @@ class Figures:
     errors: float = 0.0
     ttft: dict = field(default_factory=dict)
     e2e: dict = field(default_factory=dict)
+    unreadable: int = 0  # sample lines the gate could not read (parse's UNREADABLE)
 
     @property
     def error_rate(self) -> float | None:
@@ -141,6 +147,7 @@ def figures_of(samples: dict) -> Figures:
     else:
         f.requests = sum(v for (name, _), v in samples.items() if name == SUCCESS)
     f.ttft, f.e2e = _buckets(samples, TTFT), _buckets(samples, E2E)
+    f.unreadable = int(samples.get(UNREADABLE, 0))
     return f
 
 
@@ -168,7 +175,8 @@ def merge_histograms(hists: list[dict]) -> dict:
 
 def merge(figures: list[Figures]) -> Figures:
     return Figures(sum(f.requests for f in figures), sum(f.errors for f in figures),
-                   merge_histograms([f.ttft for f in figures]), merge_histograms([f.e2e for f in figures]))
+                   merge_histograms([f.ttft for f in figures]), merge_histograms([f.e2e for f in figures]),
+                   sum(f.unreadable for f in figures))
 
 
 def quantile(q: float, hist: dict) -> float | None:
@@ -200,8 +208,10 @@ class Window:
         self.first: dict = {}
         self.last: dict = {}
         self.added: dict = {}
+        self.unreadable: dict = {}  # instance -> the most lines it could not read in one poll
 
     def add(self, instance: str, samples: dict) -> None:
+        self.unreadable[instance] = max(self.unreadable.get(instance, 0), int(samples.get(UNREADABLE, 0)))
         if instance not in self.last:
             self.first[instance] = self.last[instance] = samples
             self.added[instance] = {}
@@ -213,7 +223,9 @@ class Window:
         self.last[instance] = samples
 
     def figures(self) -> Figures:
-        return merge([figures_of(a) for a in self.added.values()])
+        f = merge([figures_of(a) for a in self.added.values()])
+        f.unreadable = sum(self.unreadable.values())  # a delta of them says nothing: any poll's count
+        return f
 
 
 # ---------------------------------------------------------------------------- verdict
@@ -254,7 +266,14 @@ class Verdict:
 
 
 def verdict(canary: Figures, baseline: Figures, slo: Slo) -> Verdict:
-    """Compare the canary's window with the baseline's (see the module's rule)."""
+    """Compare the canary's window with the baseline's (see the module's rule). A side whose
+    /metrics held a line the gate cannot read is a breach: the gate fails closed, never judging
+    without it (an error counter of +Inf, left out, would read as no errors)."""
+    for side, f in (("canary", canary), ("baseline", baseline)):
+        if f.unreadable:
+            return Verdict("breach", f"the {side}'s /metrics had {f.unreadable} sample line(s) the gate cannot read "
+                                     "(a count that is no number: +Inf, 1e400, text): it cannot vouch for the batch",
+                           "metrics")
     thin = [f"{side} {int(f.requests)}" for side, f in (("canary", canary), ("baseline", baseline))
             if f.requests < slo.min_requests]
     if thin:

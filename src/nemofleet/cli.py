@@ -9,7 +9,7 @@
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
                       [--lock-ttl 2h] [--bake S] [--slo-error-rate P] [--slo-latency-ratio R]
                       [--slo-min-requests N] [--on-thin-traffic wait|pass|fail] [--pause-after-canary] [--json]
-    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT] [--max-tokens N] [--json]
+    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT | --prompt-file FILE|-] [--max-tokens N] [--json]
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
     nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
@@ -435,6 +435,46 @@ def _tokens(text: str) -> int:
     return value
 
 
+MESSAGE_MAX = 1000  # characters of a lock --message: one line of the lock's info file and of each audit log
+
+
+def _message(text: str) -> str:
+    """--message: refused before any host is asked when longer than MESSAGE_MAX (it travels on the
+    SSH command line of the lock program)."""
+    if len(text) > MESSAGE_MAX:
+        raise argparse.ArgumentTypeError(f"is {len(text)} characters; a lock message is at most {MESSAGE_MAX} (one "
+                                         "line of the lock's info file and the audit log): shorten it")
+    return text
+
+
+def _prompt(text: str) -> str:
+    """--prompt, or the text of --prompt-file: refused before any host is asked when its request
+    would not fit on the SSH command line (fleet.smoke.MAX_BODY)."""
+    from .fleet import smoke
+
+    size = len(smoke.body(text))
+    if size > smoke.MAX_BODY:
+        raise argparse.ArgumentTypeError(f"the prompt is {size} bytes as the request's JSON; at most {smoke.MAX_BODY} "
+                                         "travel on the SSH command line (Linux caps one argument at 128 KiB): "
+                                         "shorten it")
+    return text
+
+
+def _prompt_file(path: str) -> str:
+    """--prompt-file FILE (`-`: stdin): the prompt as UTF-8 text, then as --prompt."""
+    from .fleet import smoke
+
+    try:
+        if path == "-":
+            return _prompt(sys.stdin.read(smoke.MAX_BODY + 1))
+        with open(path, encoding="utf-8") as f:
+            return _prompt(f.read(smoke.MAX_BODY + 1))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise argparse.ArgumentTypeError(f"{path!r} is not UTF-8 text") from None
+
+
 def _ttl(a) -> int:
     from .fleet import lock
 
@@ -455,7 +495,8 @@ def cmd_rollout(a) -> int:
 
     def refused(why: str) -> int:
         if a.json:
-            print(_json.dumps({"result": "refused", "reason": why, "hosts": {}, "batches": []}))
+            print(_json.dumps({"result": "refused", "code": 2, "reason": why, "problems": [why], "hosts": {},
+                               "batches": []}))
         print(f"rollout refused: {why}", file=sys.stderr)
         return 2
 
@@ -606,6 +647,23 @@ COMMON_HELP = {
 }
 
 
+# each command's exit codes, the end of its --help (and 2 and 130 for every command)
+EXIT_CODES = {
+    "plan": "0 every host planned; 1 a host is refused (its sentences say why)",
+    "status": "0 every host in sync; 1 a host drifts, is unreachable or its plan is refused",
+    "smoke": "0 every host answered; 1 a host did not",
+    "rollout": "0 every batch rolled out; 1 a batch was rolled back or the rollout halted",
+    "rollback": "0 every host is back on its previous release; 1 a host is not",
+    "lock": "0 done on every host (status: always); 2 also when a host did not answer or holds another's lock",
+    "rebuild": "0 the host is rebuilt and serving; 1 the rebuild failed (the sentence says where)",
+    "bundle": "0 written, verified or shown; 1 refused (a bad signature, signer or byte, a part that cannot be "
+              "fetched: its sentence says which)",
+    "settings": "0 printed",
+    "models": "0 printed",
+    "testbed": "0 done; 1 a step failed (its output is above)",
+}
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -623,7 +681,7 @@ def parser() -> argparse.ArgumentParser:
         description="nemofleet: NVIDIA Nemotron models on vLLM across GPU fleets, provisioned with pyinfra.\n"
                     "The deploy itself is `pyinfra INVENTORY deploys/nemotron.py`; these commands plan, check and\n"
                     "roll it out. `nemofleet COMMAND --help` shows a command's options.",
-        epilog="First time here: `make demo` (README.md, Set up).")
+        epilog="First time here: `make demo` (README.md, Set up). Exit codes: each command's --help lists them.")
     ap.add_argument("--version", action="version", version=f"nemofleet {_version()}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
 
@@ -651,7 +709,11 @@ def parser() -> argparse.ArgumentParser:
              "the API key is read on the host from its 0600 file and never put on a command line.")
     sm.add_argument("inventory")
     sm.add_argument("--limit", action="append", default=[])
-    sm.add_argument("--prompt", default="What is 17*23? Answer in one sentence.", help="the user message to send")
+    said = sm.add_mutually_exclusive_group()
+    said.add_argument("--prompt", type=_prompt, default="What is 17*23? Answer in one sentence.",
+                      help="the user message to send")
+    said.add_argument("--prompt-file", dest="prompt", type=_prompt_file, metavar="FILE",
+                      help="the user message from this file (UTF-8; - reads stdin), for a long one (default: none)")
     sm.add_argument("--max-tokens", type=_tokens, default=512, help="the completion's max_tokens (reasoning included)")
     sm.add_argument("--json", action="store_true", help="print each host's answer as JSON")
     ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"
@@ -663,7 +725,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--wait", type=_seconds, default=1200, help="startup window per host in seconds (default 1200)")
     r.add_argument("--limit", action="append", default=[])
     r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
-    r.add_argument("--message", default="")
+    r.add_argument("--message", type=_message, default="")
     r.add_argument("--lock-ttl", default="2h", help=ttl_help)
     r.add_argument("--bake", type=float, default=120,
                    help="seconds each batch is watched after its health gate, its request metrics compared with "
@@ -693,7 +755,7 @@ def parser() -> argparse.ArgumentParser:
     lk.add_argument("action", choices=["status", "acquire", "release"], help="what to do with the lock")
     lk.add_argument("inventory")
     lk.add_argument("--limit", action="append", default=[])
-    lk.add_argument("--message", default="")
+    lk.add_argument("--message", type=_message, default="")
     lk.add_argument("--force", action="store_true", help="release a lock held by someone else")
     lk.add_argument("--lock-ttl", default="2h", help=ttl_help)
     rd = add("rebuild", "disaster recovery: a reinstalled host back to serving", cmd_rebuild)
@@ -738,7 +800,9 @@ def parser() -> argparse.ArgumentParser:
                    help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
-    for sp in sub.choices.values():  # shared options keep one wording (and every option has a help)
+    for name, sp in sub.choices.items():  # shared options keep one wording (and every option has a help)
+        sp.epilog = (f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, inventory or "
+                     "--data); 130 interrupted")
         for action in sp._actions:
             if action.help is None and action.dest in COMMON_HELP:
                 action.help = COMMON_HELP[action.dest]
@@ -768,7 +832,51 @@ def _inventory_problem(inventory: str) -> str | None:
     return None
 
 
+class _Terminal:
+    """sys.stdout or sys.stderr while a command runs: whoever writes (a sentence, a host's unit name
+    or lock holder, a plan), every character a terminal acts on is escaped (valuetypes.printable:
+    ESC, the C0/C1 controls, U+2028/U+2029/U+0085, bidi controls; newlines and tabs kept); what was
+    written is kept for the --json contract (main)."""
+
+    def __init__(self, stream):
+        self.stream, self.said = stream, []
+
+    def write(self, text: str) -> int:
+        from .valuetypes import printable
+
+        text = printable(text, keep="\n\t")
+        self.said.append(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main(argv=None) -> int:
+    """Run one command. With --json, every outcome is one JSON document on stdout: a command that
+    printed none (a refusal before it started, an interruption, an unexpected error) gets
+    {"result": "refused"|"interrupted"|"failed", "code": EXIT, "problems": [its stderr sentences]}."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err = _Terminal(sys.stdout), _Terminal(sys.stderr)
+    rc, exit_ = 2, None
+    try:
+        rc = _main(argv)
+    except SystemExit as exc:  # argparse, a refused --data or facts file: the same contract, then exit as before
+        exit_ = exc
+        rc = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    finally:
+        sys.stdout, sys.stderr = streams
+    if "--json" in argv and rc and not "".join(out.said).strip():
+        problems = [ln for ln in "".join(err.said).splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+        print(json.dumps({"result": {2: "refused", 130: "interrupted"}.get(rc, "failed"), "code": rc,
+                          "problems": problems[-20:]}))
+    if exit_ is not None:
+        raise exit_
+    return rc
+
+
+def _main(argv: list[str]) -> int:
     ap = parser()
     a = ap.parse_args(argv)
     if not getattr(a, "fn", None):  # `nemofleet` alone: what it can do

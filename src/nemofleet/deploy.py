@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, TypeVar, cast
 
+import sys
 import time
 import weakref
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy as _pyinfra_deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, bundle, factmodel, fanout, inputs, paths, render, runlock, spec
+from . import bootstrap, bundle, factmodel, fanout, inputs, inventory, paths, render, runlock, spec
 from .lockinfo import operator
 from .desired import Desired, decide
 from .inputs import HostInputs
@@ -89,6 +90,9 @@ class Run:
     and secrets, typed) and the weights fan-out decided from them (docs/fanout.md)."""
 
     def __init__(self, state):
+        why = inventory.argv_problem(sys.argv)  # an inventory whose serving_groups were never applied
+        if why:
+            raise SystemExit(f"nemofleet: {why}")
         hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
         self.specs = spec.read_all({h.name: data(h) for h in hosts}, {h.name: h.groups for h in hosts},
                                    dict(getattr(state.inventory, "override_data", None) or {}))

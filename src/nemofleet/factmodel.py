@@ -284,9 +284,13 @@ class ModelDir(_Fact):
 
 
 def _file_name_problem(value) -> str | None:
-    """A file of a weights directory as the weights check names it: relative, inside it."""
-    if (not isinstance(value, str) or not value or value.startswith("/") or ".." in value.split("/")
-            or len(value) > 1024 or _CONTROL.search(value)):
+    """A file of a weights directory as the weights check names it (its safetensors index's
+    weight_map, its required files): a relative name inside the repository whose every part is
+    plain, the rule of remote/weights_check.is_shard_name: no empty part, none starting with '-'
+    (`--local-dir=/` would be an option of `hf download`) or '.' ('..', '.', hidden), nothing
+    str.isprintable() refuses (controls, U+2028, bidi)."""
+    if (not isinstance(value, str) or not 0 < len(value) <= 1024 or not value.isprintable()
+            or any(not part or part[0] in "-." for part in value.split("/"))):
         return f"{shown(value)} is not a file name inside the weights directory"
     return None
 

@@ -148,7 +148,34 @@ def file_problem(inventory: str) -> str | None:
         return f"the inventory {inventory} is not UTF-8 text (line {line}): save it as UTF-8"
     if b"\0" in raw:
         return f"the inventory {inventory} holds a NUL byte: it is not a Python file"
+    return unapplied_groups(raw.decode("utf-8"), inventory)
+
+
+def unapplied_groups(source: str, where: str) -> str | None:
+    """One sentence when an inventory sets `serving_groups` at its top level and no top-level
+    `checked(globals())` follows: only checked() applies the groups to the hosts' data, so pyinfra
+    alone would plan each member as a host of its own."""
+    import ast
+
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError):
+        return None  # its load says why (load_problem)
+    sets = [i for i, n in enumerate(body) if any(isinstance(t, ast.Name) and t.id == "serving_groups" for t in (
+        n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []))]
+    calls = [i for i, n in enumerate(body) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+             and getattr(n.value.func, "id", getattr(n.value.func, "attr", None)) == "checked"]
+    if sets and not any(c > sets[-1] for c in calls):
+        return (f"the inventory {where} sets serving_groups but does not end with `checked(globals())`, which "
+                "applies them (without it each member would be planned alone): add `from nemofleet.inventory "
+                "import checked` and `checked(globals())` as its last line")
     return None
+
+
+def argv_problem(argv: list[str]) -> str | None:
+    """file_problem of each Python file on a pyinfra command line (the inventory among them), for
+    the deploy: a plain `pyinfra INVENTORY deploys/nemotron.py` is no nemofleet command."""
+    return next(filter(None, (file_problem(a) for a in argv[1:] if a.endswith(".py") and os.path.isfile(a))), None)
 
 
 def load_problem(inventory: str, exc: BaseException) -> str:

@@ -10,7 +10,7 @@ import socket
 import time
 
 from .hostcmd import token_digest
-from .valuetypes import UNIX_MAX, host_time, is_number, reads_host
+from .valuetypes import UNIX_MAX, host_time, is_number, printable, reads_host
 
 
 
@@ -55,9 +55,15 @@ def expired(info: dict, now: float) -> bool:
 
 
 def describe(info: dict) -> str:
-    """'alice@ops-1 since 2026-12-03T09:00:00Z (maintenance)'."""
+    """'alice@ops-1 since 2026-12-03T09:00:00Z (maintenance)': what the host wrote, printable
+    (an escape sequence in a holder's name never reaches a terminal as it is)."""
     text = f"{info.get('holder') or 'unknown'} since {info.get('since') or 'an unknown time'}"
-    return text + (f" ({info['message']})" if info.get("message") else "")
+    return printable(text + (f" ({info['message']})" if info.get("message") else ""))
+
+
+def said(text: str, default: str = "no answer") -> str:
+    """The end of what a host printed (its last 200 characters), printable, for a sentence."""
+    return printable(text.strip()[-200:]) or default
 
 
 def until(info: dict, now: float | None = None) -> str:

@@ -157,9 +157,9 @@ def _run(state, host, script: str) -> tuple[dict, str]:
         _, output = host.run_shell_command(StringCommand(script), **{**_connector_args(state, host),
                                                                      "_timeout": TIMEOUT})
     except Exception as exc:  # an SSH error or a timeout: a sentence, never a traceback
-        return {}, (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        return {}, lockinfo.said((str(exc).strip().splitlines() or [type(exc).__name__])[-1])
     lines = [line.line for line in output]
-    return lockinfo.parse(output.stdout_lines), (lines[-1].strip()[:200] if lines else "no answer")
+    return lockinfo.parse(output.stdout_lines), lockinfo.said(lines[-1] if lines else "")
 
 
 def take(state, host) -> bool:

@@ -134,6 +134,8 @@ def _flag_map(value) -> str | None:
             return f"flag {k} needs a value or true (got {vt.shown(v)})"
         if isinstance(v, float) and not vt.is_number(v):
             return f"flag {k} has {vt.shown(v)}, not a finite number"
+        if vt.flag_value_problem(v):
+            return f"flag {k} {vt.flag_value_problem(v)}"
         if _CONTROL.search(str(v)):
             return f"flag {k} has a control character in its value"
     return None

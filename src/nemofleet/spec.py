@@ -194,6 +194,15 @@ def group_problems(groups) -> tuple[list[str], list[str]]:
     return refusals, warnings
 
 
+def gateway_loops(name: str, data: Mapping, s: settings_mod.Settings) -> list[str]:
+    """A gateway backend that is the gateway's own endpoint (its inventory name or ssh_hostname, a
+    loopback or any-address, at gateway_port): HAProxy would send each request back to itself."""
+    own = {name, data.get("ssh_hostname"), s.gateway_address, "localhost", "0.0.0.0", "::", "::1"}
+    return [f"gateway_backends entry {n} ({b.host}:{b.port}) is this gateway's own endpoint: every request would "
+            "loop back to it; list the GPU hosts' front doors" for n, b in enumerate(s.gateway_backends, 1)
+            if b.port == s.gateway_port and (b.host in own or b.host.startswith("127."))]
+
+
 def peer_address(name: str, data: Mapping) -> str:
     """Where the other hosts reach `name`'s sshd for a copy: `weights_peer_address`, else the
     address the controller reaches it at (pyinfra's `ssh_hostname`, when it is a host name or
@@ -239,6 +248,8 @@ def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpe
     except settings_mod.SettingsError as exc:
         s = None
         refusals += vt.coded("settings", [p for p in exc.problems if p not in secrets.problems])
+    if s is not None and GATEWAY_GROUP in groups:
+        refusals += vt.coded("settings", gateway_loops(name, data, s))
     return HostSpec(name=name, settings=s, secrets=secrets, groups=groups, refusals=tuple(refusals),
                     warnings=tuple(warnings), peer_address=peer_address(name, data))
 

@@ -122,12 +122,25 @@ def hide_credentials(text: str) -> str:
     return _WORD.sub(lambda m: _hide_userinfo(m.group(0)), text)
 
 
+def printable(text, keep: str = "") -> str:
+    """Text read back from a host (a lock holder, a unit name, a status line) as it may enter a
+    sentence or a terminal: every character str.isprintable() refuses (the C0 and C1 controls, ESC
+    that starts a terminal's escape sequence, the line breaks U+0085, U+2028 and U+2029, the bidi
+    controls and every other format character) written as its escape (\\x1b, \\u2028); the
+    rest, and the characters of `keep`, as they are. No quotes, no truncation."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def shown(value, limit: int = SHOWN) -> str:
-    """The one way a value enters a sentence: repr() (control characters, escape sequences and
-    Unicode line separators escaped), a URL's credentials replaced by `***`, shortened; a secret
+    """The one way a value enters a sentence: repr() (control characters, escape sequences,
+    Unicode line separators and bidi controls escaped, whatever the value's own repr wrote: see
+    printable), a URL's credentials replaced by `***`, shortened; a secret
     (nemofleet.secret.Secret) shows as <secret> by its own repr."""
     try:
-        text = repr(value)
+        text = printable(repr(value))
     except ValueError:  # an int beyond sys.get_int_max_str_digits()
         return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits" if is_int(value) else "a value"
     except RecursionError:
@@ -243,6 +256,32 @@ def host_json(text: str):
         return json.loads(text, parse_constant=refused, parse_float=number)
     except RecursionError:
         raise ValueError("nested deeper than a JSON parser holds") from None
+
+
+def flag_value_problem(value) -> str | None:
+    """A value a program's flag gets (vllm_extra_args): every number in it finite and at most
+    INT_MAX in size, whether it is a number, a number written as text ('1e999', 'inf', which vLLM's
+    float() reads) or one inside JSON text it holds (vLLM reads --hf-overrides, --speculative-config
+    and the like with json.loads, which takes 1e999 and NaN); text that opens as JSON must be JSON."""
+    given = value
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        try:
+            value = host_json(value)
+        except ValueError as exc:
+            return f"holds JSON text vLLM cannot read ({exc})"
+    elif isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None  # no number
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (dict, list)):
+            stack.extend(v.values() if isinstance(v, dict) else v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (is_number(v) and abs(v) <= INT_MAX):
+            return f"has the number {shown(given if isinstance(given, str) else v)}: numbers are finite and at most {INT_MAX}"
+    return None
 
 
 def int_problem(value, minimum: int | None = None, maximum: int | None = None) -> str | None:

@@ -149,16 +149,32 @@ def test_metrics_script_answer_splits_per_instance():
 
 def test_a_metrics_line_no_server_prints_is_skipped_at_once():
     """Found by the raw hostile suite: a 20,000-character label held one parse for 3 s (the label
-    pattern is quadratic in a line's length); values that are no count (NaN, +Inf, 1e309, '٣') are no sample."""
+    pattern is quadratic in a line's length); values that are no count (NaN, +Inf, 1e309, '٣') are no sample.
+    Either is counted as a line the gate cannot read (issue 48: the gate fails closed on it)."""
     import time
 
     line = 'http_requests_total{handler="/v1/chat/completions",method=%s,status="2xx"} 1.0'
     t0 = time.monotonic()
-    assert canary.parse(line % ("A" * 100000)) == {}
+    assert canary.parse(line % ("A" * 100000)) == {canary.UNREADABLE: 1}
     assert time.monotonic() - t0 < 0.5
     for value in ("NaN", "+Inf", "1e309", "٣", "-1", "9" * 5000):
-        assert canary.parse(line.replace("1.0", value) % '"POST"') == {}, value
+        assert canary.parse(line.replace("1.0", value) % '"POST"') == {canary.UNREADABLE: 1}, value
     assert list(canary.parse(line % '"POST"').values()) == [1.0]
+
+
+@pytest.mark.parametrize("value", ["+Inf", "1e400", "garbage", "NaN"])
+def test_the_gate_fails_closed_on_metrics_it_cannot_read(value):
+    """An error counter of +Inf left out would read as no errors: a side whose /metrics holds a
+    line the gate cannot read breaks the SLO (the batch is rolled back), in the window as in totals."""
+    bad = 'http_requests_total{handler="/v1/chat/completions",method="POST",status="5xx"} ' + value
+    for who in ("canary", "baseline"):
+        w = {s: canary.Window() for s in ("canary", "baseline")}
+        for poll in (1, 2):
+            for s in w:
+                text = vllm_text(ok=100 * poll, errors=0, ttft=[0.1] * 100 * poll, e2e=[0.2] * 100 * poll)
+                w[s].add("h/nemotron-0", canary.parse(text + ("\n" + bad if s == who else "")))
+        v = canary.verdict(w["canary"].figures(), w["baseline"].figures(), Slo())
+        assert v.state == "breach" and v.slo == "metrics" and f"the {who}'s /metrics had 1 sample line" in v.reason, v
 
 
 def test_the_verdict_module_is_pure():

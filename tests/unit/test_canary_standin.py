@@ -37,6 +37,7 @@ def test_flaky_fails_every_20th_completion_and_metrics_count_it(standin):
     urllib.request.urlopen(base + "/version", timeout=5).read()  # not a request the gate counts
     f = figures(base)
     assert (f.requests, f.errors) == (40, 2) and f.ttft[float("inf")] == 38 and f.e2e[float("inf")] == 38
+    assert f.unreadable == 0  # prometheus_client's text, as vLLM exports it: every line the gate reads is read
 
 
 def test_latency_is_fixed_and_lands_in_vllms_buckets(standin):

@@ -4,6 +4,7 @@ help and its default; a bad inventory or facts file is one sentence and exit 2, 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 
@@ -183,3 +184,116 @@ def test_data_values_are_one_sentence_and_exit_2(capsys, inv, monkeypatch):
 def test_option_values_are_checked_before_any_host_is_asked(capsys, inv, argv, words):
     rc, _, err = run(capsys, *[a.format(inv=inv) for a in argv])
     assert rc == 2 and words in err, err
+
+
+# ---------------------------------------------------------------------------- the CLI's contract (issue 48)
+SUBCOMMANDS = COMMANDS
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_commands_help_lists_its_exit_codes(capsys, command):
+    rc, out, _ = run(capsys, command, "--help")
+    assert rc == 0 and "exit codes: 0 " in out and "2 refused before anything ran" in out and "130 interrupted" in out
+    assert cli.EXIT_CODES[command] in " ".join(out.split())
+
+
+def _fleet_error(*a, **k):
+    from nemofleet.fleet.driver import FleetError
+
+    raise FleetError("h1 is locked by alice@ops since 2026-12-07T09:00:00Z")
+
+
+def _interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+
+LONG = "x" * 70000
+REFUSALS = [  # (argv, {module attribute: replacement}), each refused (or interrupted) with --json
+    (["rollout", "nope.py"], {}),
+    (["rollout", "{inv}", "--wait", "nan"], {}),
+    (["rollout", "{inv}", "--data", "vllm_api_key=sk-Zq9"], {}),
+    (["rollout", "{inv}", "--data", "novalue"], {}),
+    (["rollout", "{inv}", "--message", LONG[:1001]], {}),
+    (["rollout", "{inv}", "--pause-after-canary"], {}),
+    (["rollout", "{inv}", "--bake", "0.5"], {}),
+    (["rollout", "{inv}", "--slo-error-rate", "nan"], {}),
+    (["rollout", "{inv}", "--lock-ttl", "5s"], {}),
+    (["rollout", "{inv}"], {"nemofleet.fleet.rollout.rollout": _fleet_error}),
+    (["rollout", "{inv}"], {"nemofleet.fleet.rollout.rollout": _interrupted}),
+    (["rollout", "{inv}"], {"nemofleet.fleet.rollout.rollout": lambda *a, **k: 1 / 0}),
+    (["plan", "nope.py"], {}),
+    (["plan", "{inv}", "--facts", "missing.json"], {}),
+    (["plan", "{inv}", "--limit"], {}),
+    (["plan", "{inv}"], {"nemofleet.fleet.driver.gather_facts": _fleet_error}),
+    (["plan", "{inv}"], {"nemofleet.fleet.driver.host_specs": _fleet_error}),
+    (["plan", "{inv}"], {"nemofleet.cli.cmd_plan": _interrupted}),
+    (["smoke", "nope.py"], {}),
+    (["smoke", "{inv}", "--prompt", LONG], {}),
+    (["smoke", "{inv}", "--prompt-file", "missing.txt"], {}),
+    (["smoke", "{inv}", "--prompt-file", "long.txt"], {}),
+    (["smoke", "{inv}", "--prompt", "a", "--prompt-file", "long.txt"], {}),
+    (["smoke", "{inv}", "--max-tokens", "-1"], {}),
+    (["smoke", "{inv}"], {"nemofleet.fleet.smoke.smoke": _fleet_error}),
+    (["smoke", "{inv}"], {"nemofleet.fleet.smoke.smoke": lambda *a, **k: {}[0]}),
+]
+
+
+@pytest.mark.parametrize("argv, patches", REFUSALS)
+def test_every_refusal_with_json_is_one_json_document_on_stdout(capsys, inv, monkeypatch, argv, patches):
+    from nemofleet.fleet import driver
+
+    with open("long.txt", "w") as f:  # in the inventory's directory (the fixture's cwd)
+        f.write(LONG)
+    monkeypatch.setattr(driver, "exec_all", lambda *a, **k: pytest.fail("no host may be asked"))
+    for where, fake in patches.items():
+        monkeypatch.setattr(where, fake)
+    rc, out, err = run(capsys, *[a.format(inv=inv) for a in argv], "--json")
+    doc = json.loads(out)  # exactly one document: json.loads refuses anything after it
+    assert rc in (2, 130) and doc["result"] in ("refused", "interrupted", "halted") and doc.get("code", rc) == rc, (argv, out)
+    said = doc.get("problems") or [doc.get("reason")]
+    assert said and all(isinstance(p, str) and p for p in said) and "Traceback" not in err, (argv, doc, err)
+    if doc["result"] == "refused":
+        assert "sk-Zq9" not in out + err and said[-1].split(": ")[-1] in err
+
+
+def test_a_long_prompt_travels_by_file_or_stdin(capsys, inv, monkeypatch, tmp_path):
+    from nemofleet.fleet import smoke
+
+    seen = []
+    monkeypatch.setattr(smoke, "smoke", lambda inventory, limit, prompt, max_tokens: seen.append(prompt) or [])
+    text = "é" * 20000  # 120,000 bytes on a command line as JSON escapes: over the limit as --prompt
+    (tmp_path / "p.txt").write_text(text[:5000])
+    assert run(capsys, "smoke", inv, "--prompt-file", "p.txt")[0] == 0 and seen == [text[:5000]]
+    monkeypatch.setattr("sys.stdin", io.StringIO("from stdin\n"))
+    assert run(capsys, "smoke", inv, "--prompt-file", "-")[0] == 0 and seen[-1] == "from stdin\n"
+    rc, _, err = run(capsys, "smoke", inv, "--prompt", text)
+    assert rc == 2 and f"at most {smoke.MAX_BODY} travel on the SSH command line" in err and len(seen) == 2
+
+
+# what a host printed, read back, never reaches a terminal as it is (valuetypes.printable)
+RAW = ("\x1b[31m", "\u2028", "\x85", "\u202e", "\r")
+
+
+def test_host_data_read_back_is_escaped_wherever_it_is_shown(capsys, inv, monkeypatch):
+    from nemofleet import lockinfo, valuetypes
+    from nemofleet.fleet import driver, lock, smoke, status
+
+    evil = "ev\x1b[31mil\u2028x\x85y\u202ez\r"
+    holder = {"holder": evil, "since": evil, "message": evil, "expires": 2**31}
+    assert not any(c in lockinfo.describe(holder) + lockinfo.said(evil) for c in RAW)
+    assert "ev\\x1b[31mil\\u2028x\\x85y\\u202ez\\r" in lockinfo.describe(holder)
+
+    class Sly:
+        def __repr__(self):
+            return evil
+    assert not any(c in valuetypes.shown(Sly()) + valuetypes.shown(evil) for c in RAW)
+    monkeypatch.setattr(driver, "hosts", lambda *a: ["h1"])
+    monkeypatch.setattr(lock, "status", lambda *a: {"h1": holder})
+    row = status.HostStatus(f"h{evil}", release=evil, planned=evil,
+                            lines=status.unit_lines([f"unit nemofleet-vllm-{evil}.service active {evil}"], 0))
+    monkeypatch.setattr(status, "status", lambda *a: [row])
+    monkeypatch.setattr(smoke, "smoke", lambda *a: [smoke.Answer(evil, True, via=evil, words=evil, seconds=1.0),
+                                                    smoke.Answer(evil, False, error=evil)])
+    for argv in (["lock", "status", inv], ["status", inv], ["smoke", inv]):
+        rc, out, err = run(capsys, *argv)
+        assert "ev\\x1b[31mil" in out and not any(c in out + err for c in RAW), (argv, out, err)

@@ -317,3 +317,14 @@ def test_settings_are_a_declared_class_with_immutable_containers():
     with pytest.raises(Exception):
         s.port_base = 1  # type: ignore[misc]
     assert isinstance(s.frontends, tuple) and isinstance(s.weights_seed_networks, tuple)
+
+
+def test_an_api_key_file_that_is_a_directory_is_named_not_no_api_key(tmp_path, monkeypatch):
+    """The default vllm_api_key_file (~/.config/nemofleet/api-key) or a set one that is a directory:
+    the host is refused naming the file, never with "no API key"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".config" / "nemofleet" / "api-key").mkdir(parents=True)
+    for data in ({}, {"vllm_api_key_file": str(tmp_path)}):
+        d = desired.build("h", dict(data), facts(), None)
+        said = " ".join(d.refusals)
+        assert "vllm_api_key_file" in said and "is not a regular file" in said and "no API key" not in said, said

@@ -146,6 +146,10 @@ def test_facts_given_to_the_decision_twice_are_parsed_once():
     '{"exists": true, "missing": 5}', '{"exists": true, "missing": ["../../etc/passwd"]}',
     '{"exists": true, "truncated": ["/etc/shadow"]}', '{"complete": "yes", "marker": true}',
     '{"present_bytes": 1e999}', '{"exists": true', "{" * 100000, '{"missing": ["a\\nb"]}',
+    # names from a hostile safetensors index: never an option, a path out or a line break of `hf download`
+    '{"missing": ["--local-dir=/"]}', '{"missing": ["-x.safetensors"]}', '{"truncated": ["a/../../x"]}',
+    '{"missing": ["a//b"]}', '{"missing": [".."]}', '{"missing": ["a/-r"]}', '{"missing": ["a\\u2028b"]}',
+    '{"missing": ["a\\u0085b"]}', '{"missing": ["a\\u001b[31m"]}', '{"missing": [""]}',
 ])
 def test_a_weights_check_answer_not_of_its_type_is_no_answer(line):
     """The weights operation's own fact (WeightsStatus) is typed where it is read: an answer that

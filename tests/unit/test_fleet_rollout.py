@@ -619,3 +619,29 @@ def test_the_gate_figures_of_an_idle_window_say_dash_not_none():
         "0 req, - errors, p95 TTFT - e2e -"
     assert figures_text({"requests": 4, "error_rate_pct": 0.0, "p95_ttft_s": 0.2425, "p95_e2e_s": 0.2951}) == \
         "4 req, 0.0% errors, p95 TTFT 0.24s e2e 0.30s"
+
+
+@pytest.mark.parametrize("value", ["+Inf", "1e400", "garbage"])
+def test_a_canary_whose_metrics_cannot_be_read_is_rolled_back(monkeypatch, value):
+    """The gate fails closed: an error counter of +Inf (or 1e400, or text) on the canary is no
+    pass: the batch is rolled back and the rollout halts (with its JSON), never left unjudged."""
+    served = FakeFleet.run
+
+    def run(self, host, script, timeout=60):
+        e = served(self, host, script, timeout)
+        if host == "a" and self.release[host] == "new" and "@@instance" in e.text:
+            e = Exec(host, 0, e.text + '\nhttp_requests_total{handler="/v1/chat/completions",method="POST",'
+                                       f'status="5xx"}} {value}')
+        return e
+
+    monkeypatch.setattr(FakeFleet, "run", run)
+    o, fleet, _ = run_rollout(monkeypatch)
+    assert o.result == "rolled_back" and o.halted and ("rollback", "a", "old") in fleet.calls
+    assert o.batches[0]["slo"] == "metrics" and "cannot read" in o.batches[0]["reason"] and json_round_trip(o.to_json())
+
+
+def test_a_gate_that_raises_rolls_the_batch_back(monkeypatch):
+    monkeypatch.setattr(rollout, "bake", lambda *a, **k: {}["no such figure"])
+    o, fleet, _ = run_rollout(monkeypatch)
+    assert o.result == "rolled_back" and ("rollback", "a", "old") in fleet.calls
+    assert o.batches[0]["reason"] == "the gate could not judge the batch (KeyError)" and json_round_trip(o.to_json())

@@ -73,6 +73,18 @@ def test_bad_backends_refused_in_one_sentence(backends, sentence):
     assert d.front_door_config is None and not d.front_door_secrets
 
 
+@pytest.mark.parametrize("host, data", [("gw-01", {}), ("127.0.0.1", {}), ("localhost", {}), ("::1", {}),
+                                        ("0.0.0.0", {}), ("10.0.0.9", {"ssh_hostname": "10.0.0.9"}),
+                                        ("10.1.0.2", {"gateway_address": "10.1.0.2"})])
+def test_a_backend_that_is_the_gateway_itself_is_refused(host, data):
+    d = gateway_build("gw-01", {"gateway_backends": [*BACKENDS, {"host": host, "port": 8800}], **data}, KEY)
+    assert d.refusals == [f"gateway_backends entry 4 ({host}:8800) is this gateway's own endpoint: every request "
+                          "would loop back to it; list the GPU hosts' front doors"] and not d.front_door_config
+    # the same host on another port is another service (a GPU host's front door on the gateway machine)
+    assert not gateway_build("gw-01", {"gateway_backends": [*BACKENDS, {"host": host, "port": 8000}], **data},
+                             KEY).refusals
+
+
 def test_no_key_refused_and_bad_listen_settings_refused():
     assert gateway_build("gw-01", {"gateway_backends": BACKENDS}, {"vllm_api_key": None}).refusals == [
         "no API key: set vllm_api_key or vllm_api_key_file (a file on the controller) so /v1 is not open to anyone "

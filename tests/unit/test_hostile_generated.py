@@ -25,6 +25,7 @@ import copy
 import io
 import json
 import math
+import types
 
 import pytest
 
@@ -310,6 +311,40 @@ def test_no_secret_of_any_type_is_shown(key, tmp_path, monkeypatch):
         full = {"vllm_api_key": KEY, **DATA, key: value}
         d = desired.decide(inputs.make(f"h-{label}", full, _as_deploy_sees(BASE), inputs.read_secrets(full)))
         assert MARK not in " ".join(d.refusals + d.warnings), (label, d.refusals)
+
+
+def _on_command_line(key: str, label: str, value) -> str:
+    """The class as `--data` gives it (text), carrying MARK as _carrying does."""
+    text = value if isinstance(value, str) else "9" * 5000 if label == "int-5000-digits" else json.dumps(value)
+    return _carrying(settings.BY_NAME.get(key) or types.SimpleNamespace(pattern=None), label, text)
+
+
+@pytest.mark.parametrize("key", SECRET_BEARING + list(settings.PYINFRA_SECRET_KEYS) + ["sudo_password"])
+def test_no_secret_given_with_data_is_shown_or_passed_on(key, tmp_path, monkeypatch, capsys):
+    """`--data KEY=VALUE` of every secret-bearing key (nemofleet's and pyinfra's own passwords) in
+    every bad-value class: refused before any host is asked (rollout, rebuild: exit 2, rollout's
+    --json one document), and by the deploy (pyinfra's own --data: spec.read), the secret in no
+    output and no sentence."""
+    from nemofleet import spec
+    from nemofleet.fleet import driver, rebuild, rollout
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inv.py").write_text("hosts = [('h1', {'ssh_hostname': '127.0.0.1'})]\n")
+    for fn in (driver.exec_all, rollout.rollout, rebuild.rebuild):
+        monkeypatch.setattr(fn.__module__ + "." + fn.__name__, lambda *a, **k: pytest.fail("no host may be asked"))
+    for label, value in HOSTILE:
+        pair = f"{key}={_on_command_line(key, label, value)}"
+        for argv in (["rollout", "inv.py", "--json", "--data", pair], ["rebuild", "inv.py", "h1", "--data", pair]):
+            try:
+                rc = cli.main(argv)
+            except SystemExit as exc:
+                rc = exc.code
+            out, err = capsys.readouterr()
+            assert rc == 2 and MARK not in out + err and ("would put" in err or "credentials" in err), (label, argv, err)
+            if "--json" in argv:
+                assert json.loads(out)["result"] == "refused", (label, out)
+        refusals = spec.read("h1", {"vllm_api_key": KEY, **DATA}, command_line={key: pair.partition("=")[2]}).refusals
+        assert refusals and MARK not in " ".join(refusals), (label, refusals)
 
 
 # ============================================================================ raw host output

@@ -38,3 +38,27 @@ def test_real_pyinfra_exits_non_zero_on_a_limit_typo(tmp_path):
     r = subprocess.run([str(pyinfra), "-y", str(inv), str(tmp_path / "d.py"), "--limit", "gpu_h10"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and "--limit gpu_h10 matches no host or group" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+HOSTS = 'gpu_a100 = [("a1", {"ssh_hostname": "127.0.0.1"}), "a2"]\n'
+GROUPS = 'serving_groups = {"svl": ["a1", "a2"]}\n'
+CHECKED = "from nemofleet.inventory import checked\nchecked(globals())\n"
+
+
+def test_serving_groups_without_checked_are_refused_by_every_command_and_the_deploy(tmp_path, capsys):
+    """An inventory that sets serving_groups but never calls checked(globals()) after it would plan
+    each member alone: refused before any host is asked (every nemofleet command's inventory
+    check, and the deploy's Run from pyinfra's own command line)."""
+    from nemofleet import cli
+
+    for name, text, refused in [("none.py", HOSTS + GROUPS, True), ("before.py", HOSTS + CHECKED + GROUPS, True),
+                                ("ok.py", HOSTS + GROUPS + CHECKED, False), ("plain.py", HOSTS, False),
+                                ("five.py", HOSTS + "serving_groups = 5\n" + CHECKED, False)]:
+        (tmp_path / name).write_text(text)
+        why = inventory.file_problem(str(tmp_path / name))
+        assert (why is not None and "does not end with `checked(globals())`" in why) is refused, (name, why)
+        assert (inventory.argv_problem(["pyinfra", "-y", str(tmp_path / name), "deploys/nemotron.py"]) == why)
+    assert cli.main(["plan", str(tmp_path / "none.py")]) == 2
+    assert "sets serving_groups but does not end with" in capsys.readouterr().err
+    # checked() itself refuses a serving_groups that is no mapping (five.py loads no further)
+    assert "serving_groups must be a mapping" in cli._inventory_problem(str(tmp_path / "five.py"))

@@ -302,6 +302,9 @@ def test_inventory_serving_groups_fill_host_data():
     ({"svl": ["a100-1", "a100-2"], "b": ["a100-2", "a100-3"]}, "a100-2 is in serving groups svl and b"),
     ({"Bad Name": ["a100-1", "a100-2"]}, "must be lower-case letters"),
     (["a100-1"], "serving_groups must be a mapping"),
+    (5, "serving_groups must be a mapping"),
+    ({"svl": ["a100-1", None]}, "must list at least two host names"),
+    ({"svl": [None, "a100-1", "a100-2"]}, "must list at least two host names"),
 ])
 def test_inventory_serving_groups_refusals(groups, words):
     ns = {"gpu_a100": ["a100-1", "a100-2", "a100-3"], "serving_groups": groups}

@@ -203,3 +203,46 @@ def test_a_decision_helper_says_what_its_operation_does(path: Path):
     accepted = set(inspect.signature(helper).parameters)
     got = call(helper, {k: v for k, v in kwargs.items() if k in accepted}, **where)
     assert PREDICTS[path.parent.name][1](kwargs, result, got), (got, result.commands, result.kwargs)
+
+
+def test_an_image_archive_under_home_is_found_on_the_controller(tmp_path, monkeypatch):
+    """vllm_image_archive: ~/img.tar is accepted by the setting (HOME_PATH) and found by the
+    operation (expanded on the controller, as the key files are), not refused as missing."""
+    from nemofleet import settings
+    from nemofleet.operations import docker
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "img.tar").write_bytes(b"tar")
+    assert settings.parse({"vllm_image_archive": "~/img.tar"}).vllm_image_archive == "~/img.tar"
+    facts = {"ImageInfo": {"ref=r/img:1": None}}
+    out = run(docker.image, {"ref": "r/img:1", "archive": "~/img.tar"}, facts).commands
+    assert out[0][:2] == ["upload", "/var/tmp/nemofleet-image-img.tar"], out
+    out = run(docker.image, {"ref": "r/img:1", "archive": "~/nope.tar"}, facts).commands
+    assert "does not exist on the controller" in str(out), out
+
+
+def test_a_seed_key_of_one_word_fails_the_host_in_one_sentence():
+    """authorized_key(): a key of one word (or none) fails that host in one sentence, never
+    IndexError; a host's own one-word lines are kept as they are."""
+    from nemofleet.operations import files
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    for bad in ("ssh-ed25519", "", "AAAA", None):
+        out = run(files.authorized_key, {"path": "/root/.ssh/authorized_keys", "line": "x", "key": bad}, {}).commands
+        assert len(out) == 1 and "the fleet seed public key" in str(out) and "nothing was written" in str(out), out
+    facts = {"FileText": {"path=/root/.ssh/authorized_keys": "oneword\n" + key + "\n"}}
+    out = run(files.authorized_key, {"path": "/root/.ssh/authorized_keys", "line": f"restrict {key}", "key": key},
+              facts).commands
+    assert "oneword" in str(out) and f"restrict {key}" in str(out), out
+
+
+@pytest.mark.parametrize("body", ["!!!!", "abc", "QUJD\nRA=\n=", "\u00e9\u00e9"])
+def test_an_armoured_key_whose_body_is_not_base64_is_one_sentence(tmp_path, body):
+    from nemofleet import bootstrap, settings
+
+    key = tmp_path / "key.asc"
+    key.write_text(f"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\n{body}\n-----END PGP PUBLIC KEY BLOCK-----\n")
+    s = settings.parse({"install_container_toolkit": True, "container_toolkit_key_file": str(key)})
+    source, why = bootstrap._source(s, "container_toolkit", "https://nvidia.github.io/x/deb", "/k.gpg", "/l.list")
+    assert source is None and why == f"container_toolkit_key_file {key} is not an OpenPGP key apt can read: its " \
+                                      "armoured body is not base64", why

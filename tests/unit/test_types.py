@@ -45,6 +45,18 @@ def test_nan_from_data_arrives_as_json_and_is_refused():
     assert "not a finite number" in refused({"vllm_extra_args": {"max-loras": math.inf}})
 
 
+@pytest.mark.parametrize("value", [10**30, -(10**30), 2**53 + 1, 1e300, "1e999", "inf", "-nan", '{"a": 1e999}',
+                                   '{"a": [NaN]}', '[{"b": Infinity}]', '{"a": {"b": 1' + "0" * 30 + '}}', "{not json"])
+@pytest.mark.parametrize("key", ["vllm_extra_args", "instance_extra_args"])
+def test_extra_args_numbers_are_bounded_also_inside_json_text(key, value):
+    flags = {"max-loras": value}
+    data = {key: flags if key == "vllm_extra_args" else {"i0": flags}}
+    assert "flag max-loras" in refused(data) and ("at most 9007199254740992" in refused(data) or "JSON" in refused(data))
+    ok = {"max-loras": 4, "gpu-memory-utilization": 0.9, "speculative-config": '{"num_speculative_tokens": 3}',
+          "seed": -1, "kv-cache-dtype": "fp8", "enforce-eager": True, "hf-overrides": '{"rope_scaling": {"factor": 1e-3}}'}
+    settings.parse({"vllm_extra_args": ok})
+
+
 INT_KEYS = [k for k in settings.KEYS if int in k.types]
 
 

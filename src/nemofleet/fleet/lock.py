@@ -123,7 +123,7 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
         elif state == "HELD":
             problems.append(held_sentence(h, lockinfo.holder_info(out)))
         else:
-            problems.append(f"could not take the deploy lock on {h}: {e.text.strip()[-200:] or 'no answer'}")
+            problems.append(f"could not take the deploy lock on {h}: {lockinfo.said(e.text)}")
     if problems:
         release(held)
         raise LockHeld("; ".join(problems))
@@ -136,7 +136,7 @@ def release(held: Held, log=print) -> None:
                                 LOCK_TIMEOUT).items():
         state = lockinfo.parse(e.lines()).get("state")
         if state not in ("RELEASED", "FREE"):
-            log(f"warning: could not release the lock on {h} ({state or e.text.strip()[-120:]}); "
+            log(f"warning: could not release the lock on {h} ({lockinfo.said(state or e.text)}); "
                 "`nemofleet lock status` shows it")
     held.acquired = []
 
@@ -158,7 +158,7 @@ def status(inventory: str, hosts: list[str]) -> dict[str, dict | None]:
     for h, e in driver.exec_all(inventory, hosts, commands.lock_status(), LOCK_TIMEOUT).items():
         parsed = lockinfo.parse(e.lines())
         if not e.reachable or "state" not in parsed:
-            out[h] = {"error": e.text.strip()[-200:] or "no answer"}
+            out[h] = {"error": lockinfo.said(e.text)}
         elif parsed["state"] == "HELD":
             out[h] = {**(lockinfo.holder_info(parsed) or {}), "now": parsed.get("now")}
         else:
@@ -180,10 +180,10 @@ def release_hosts(inventory: str, hosts: list[str], token: str | None, force: bo
         elif state == "FREE":
             out[h] = "was not locked"
         elif not e.reachable:
-            out[h] = f"NOT released: unreachable ({e.text.strip()[-200:] or 'no answer'})"
+            out[h] = f"NOT released: unreachable ({lockinfo.said(e.text)})"
         elif state == "NOT_HOLDER":
             out[h] = (f"NOT released: held by {lockinfo.describe(lockinfo.holder_info(parsed) or {})}; only its "
                       f"holder's token ({LOCK_TOKEN_ENV}) releases it, or --force if it is abandoned")
         else:
-            out[h] = f"NOT released: {e.text.strip()[-200:] or 'no answer'}"
+            out[h] = f"NOT released: {lockinfo.said(e.text)}"
     return out

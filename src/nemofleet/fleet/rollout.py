@@ -596,6 +596,11 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     except KeyboardInterrupt:
                         _interrupted(inventory, outcome, group, pre, window, log, session)
                         return outcome
+                    except Exception as exc:  # noqa: BLE001 - a gate that cannot judge fails closed: roll back
+                        none = gate_math.Figures().as_dict()
+                        record = {"hosts": baked, "baseline": {"kind": "-", "hosts": base}, "seconds": 0,
+                                  "canary_figures": none, "baseline_figures": none, "verdict": "fail", "slo": "metrics",
+                                  "reason": f"the gate could not judge the batch ({type(exc).__name__})"}
                     record["label"] = label
                     outcome.batches.append(record)
                     figures = (f"{record['verdict']}: {record['reason']}; "

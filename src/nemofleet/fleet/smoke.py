@@ -28,6 +28,9 @@ CURL_MAX_TIME = 120  # seconds for the whole run of the program (its deadline); 
 MARK = "@@nemofleet-smoke"
 BODY_END = "NEMOFLEET_SMOKE_BODY_END"  # json.dumps never writes a newline, so never this line
 WORDS = 12  # how much of the answer is shown
+# bytes of the request's JSON: it travels inside the SSH command, one argument to the host's shell,
+# which Linux caps at 128 KiB (MAX_ARG_STRLEN); the rest is the program (nemofleet smoke --prompt-file)
+MAX_BODY = 64 * 1024
 
 
 @dataclass

@@ -43,6 +43,7 @@ def image(ref: str, archive: str | None = None, part: tuple | None = None):
         return
     q = shell.quote
     if part or archive:
+        archive = os.path.expanduser(archive) if archive else None  # a controller path: settings take ~ (HOME_PATH)
         if not part and not os.path.isfile(archive or ""):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return

@@ -12,7 +12,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from ..facts.files import FilesDigest, FileText
 from ..facts.prefetch import fact
-from . import atomic_put, cmd, predicts, reads_with
+from . import atomic_put, cmd, fail_command, predicts, reads_with
 
 
 def reads(files: dict, dirs: dict | None = None) -> tuple:
@@ -104,9 +104,13 @@ def authorized_key(path: str, line: str, key: str):
     A missing line is appended; a line for the same key with other options (an older
     restriction) is replaced, every other line kept as it is. One fact, read ahead with the rest.
     """
+    words = key.split() if isinstance(key, str) else []  # "ssh-ed25519 AAAA... comment" (secret.SshPublicKey.line)
+    if len(words) < 2:
+        yield fail_command(f"the fleet seed public key is not one key (TYPE BASE64); nothing was written to {path}")
+        return
     cls, kwargs = key_reads(path)
     lines = [ln for ln in fact(cls, **kwargs).splitlines() if ln.strip()]
-    blob = key.split()[1]  # "ssh-ed25519 AAAA... comment": the key itself, whatever the options
+    blob = words[1]  # the key itself, whatever the options of a line
     mine = [ln for ln in lines if blob in ln.split()]
     if mine == [line]:
         host.noop(f"{path} authorizes the key once, as wanted")

@@ -69,7 +69,10 @@ def dearmor(key: bytes) -> bytes:
     while lines and ":" in lines[0]:  # armor headers (Version:, Comment:)
         lines.pop(0)
     data = [line.strip() for line in lines if line.strip() and not line.startswith("=")]
-    return base64.b64decode("".join(data))
+    try:
+        return base64.b64decode("".join(data), validate=True)
+    except ValueError:  # binascii.Error: a character outside base64, or its padding
+        raise ValueError("its armoured body is not base64") from None
 
 
 def matches(installed: str | None, version: str) -> bool:
