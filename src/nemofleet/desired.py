@@ -560,7 +560,7 @@ def front_door(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -
 # ---------------------------------------------------------------------------- the fleet gateway
 # A host of the inventory group `gateway` runs HAProxy from its distribution, like a GPU host's
 # front door and through the same steps (deploy.front_door, render.haproxy_config,
-# operations.frontdoor.configured): leastconn over `gateway_backends` (each GPU host's front door,
+# operations.frontdoor.configured): roundrobin by weight over `gateway_backends` (each GPU host's front door,
 # or the instance port of a single-instance host), /health checked every 2 s so a host that stops
 # answering is ejected after `gateway_fall` failures and taken back after `gateway_rise` passes,
 # every response observed (observe layer7), the fleet's API key checked here against a 0600 file
@@ -583,13 +583,13 @@ def gateway_config(host: str, s: settings_mod.Settings) -> str:
     fall, rise = s.gateway_fall, s.gateway_rise
     header = [
         f"Managed by nemofleet: the fleet gateway on {host} (rendered from gateway_backends; do not edit).",
-        "One OpenAI-compatible endpoint across the fleet's GPU hosts: least outstanding requests across",
+        "One OpenAI-compatible endpoint across the fleet's GPU hosts: requests in turn by weight across",
         f"their endpoints, /health checked every 2 s (a backend is ejected after {fall} failed checks and",
         f"taken back after {rise} passed ones) and every response observed, the API key checked here",
         f"(patterns in {paths.FRONT_DOOR_KEYS}, 0600, read at load) and again by each host.",
         "Validated with `haproxy -c -f` before it replaces the live file; applied with `systemctl reload`."]
     return render.haproxy_config(header, "gateway", gateway_binds(s), gateway_servers(s), s.front_door_timeout,
-                                 fall=fall, rise=rise)
+                                 fall=fall, rise=rise, gateway=True)
 
 
 def _gateway(i: HostInputs) -> Desired:
