@@ -31,16 +31,21 @@ STOP = "/tmp/nf_canary_load_stop"
 
 # ---------------------------------------------------------------------------- on the host
 
-def load(clients: int) -> dict:
-    """Until the stop file appears: completions round-robin over the host's instances."""
+def load(clients: int, gateway_model: str = "") -> dict:
+    """Until the stop file appears: completions round-robin over the host's instances (on a
+    gateway host, with `gateway_model`: through the gateway's one endpoint, port 8800)."""
     import itertools
     import re
     import urllib.error
     import urllib.request as u
 
-    cfg = json.load(open("/etc/nemofleet/health.json"))  # the health program's config (render.health_config)
-    inst = [(i["name"], i["port"], i["model"]) for i in cfg["instances"] if i["port"]]
-    key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
+    if gateway_model:  # the gateway checks the fleet's key against its 0600 patterns file
+        inst = [("gateway", 8800, gateway_model)]
+        key = open("/etc/nemofleet/front-door.keys").read().split()[-1]
+    else:
+        cfg = json.load(open("/etc/nemofleet/health.json"))  # the health program's config (render.health_config)
+        inst = [(i["name"], i["port"], i["model"]) for i in cfg["instances"] if i["port"]]
+        key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
     ring = itertools.cycle(inst)
     lock = threading.Lock()
     out = {"requests": 0, "failed": 0, "errors": {}}
@@ -79,14 +84,14 @@ def load(clients: int) -> dict:
 
 # ---------------------------------------------------------------------------- on the controller
 
-def start_load(host: str) -> subprocess.Popen:
+def start_load(host: str, gateway_model: str = "", clients: int = CLIENTS) -> subprocess.Popen:
     import nemofleet_testbed as testbed
 
     c = testbed.container(host)
     subprocess.run(["docker", "exec", c, "rm", "-f", STOP], check=True)
     subprocess.run(["docker", "cp", __file__, f"{c}:/tmp/nf_canary_load.py"], check=True)
-    return subprocess.Popen(["docker", "exec", c, "python3", "/tmp/nf_canary_load.py", "load", str(CLIENTS)],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(["docker", "exec", c, "python3", "/tmp/nf_canary_load.py", "load", str(clients),
+                             *([gateway_model] if gateway_model else [])], stdout=subprocess.PIPE, text=True)
 
 
 def stop_load(host: str, p: subprocess.Popen) -> dict:
@@ -186,6 +191,6 @@ def main() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
-        print(json.dumps(load(int(sys.argv[2]))))
+        print(json.dumps(load(int(sys.argv[2]), *sys.argv[3:4])))
     else:
         sys.exit(main())

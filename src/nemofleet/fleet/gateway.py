@@ -146,7 +146,8 @@ class Gateways:
         requests together (the weighted canary). Returns the weight set."""
         if not self or not hosts:
             return FULL
-        n = max([len(s) for s in self.servers.values()] + [0])
+        # the servers that serve (a host out of the gateway counts for nothing) and these hosts
+        n = max([sum(s.op == 2 or h in hosts for h, s in srv.items()) for srv in self.servers.values()] + [0])
         w = FULL if share is None else canary_weight(share, canary or len(hosts), n)
         self.drained -= set(hosts)
         if w == FULL:
