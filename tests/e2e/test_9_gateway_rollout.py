@@ -132,21 +132,49 @@ def test_a_good_release_rolls_out_with_no_failed_client_request(fleet):
         assert on(h, "docker inspect -f '{{.Config.Image}}' nemotron-0").stdout.strip() == f"{BASE}-nf2"
     assert load["requests"] > 50 and load["failed"] == 0, load
     assert all(not s.drained and s.weight == gateway.FULL for h, s in servers().items() if h in GPU_HOSTS)
-    assert pyinfra(hosts=GPU_HOSTS).rc == 0  # the base release again, as the tests after this one expect
+    # and back: `nemofleet rollback` under the same load, each host drained while it restarts
+    rc, out, load = under_load([NEMOFLEET, "rollback", "inventories/testbed.py", "--wait", "120"])
+    FIGURES["rollback"] = {"requests": load["requests"], "failed": load["failed"], "errors": load["errors"]}
+    assert rc == 0, out[-3000:]
+    for h in GPU_HOSTS:
+        assert on(h, "docker inspect -f '{{.Config.Image}}' nemotron-0").stdout.strip() == BASE
+    assert load["requests"] > 20 and load["failed"] == 0, load
     wait_up(GPU_HOSTS)
 
 
-def test_a_flaky_canary_is_rolled_back_and_its_500s_are_retried_on_the_other_host(fleet):
+def under_load(argv):
+    load = bench.start_load(GW, MODEL, clients=3)
+    time.sleep(3)
+    try:
+        r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL,
+                           env=env())
+    finally:
+        done = bench.stop_load(GW, load)
+    return r.returncode, r.stdout + r.stderr, done
+
+
+def test_a_rebuild_under_load_fails_no_client_request(fleet):
+    rc, out, load = under_load([NEMOFLEET, "rebuild", "inventories/testbed.py", "a100-1", "--wait", "120"])
+    FIGURES["rebuild"] = {"requests": load["requests"], "failed": load["failed"], "errors": load["errors"]}
+    assert rc == 0, out[-3000:]
+    assert "gateway: a100-1 drained" in out and load["requests"] > 20 and load["failed"] == 0, load
+    assert all(not s.drained and s.weight == gateway.FULL for h, s in servers().items() if h in GPU_HOSTS)
+
+
+@pytest.mark.parametrize("tag, slo", [("flaky", "error rate"), ("slow", "p95 TTFT")])
+def test_a_bad_canary_is_rolled_back_and_its_500s_are_retried_on_the_other_host(fleet, tag, slo):
     before = {h: release(h) for h in GPU_HOSTS}
-    rc, doc, err, load, took = rollout_under_load("flaky")
+    t0 = time.time()
+    rc, doc, err, load, took = rollout_under_load(tag)
     share = took["a100-1"] / max(1, sum(took.values()))
-    FIGURES["flaky"] = {"requests": load["requests"], "failed": load["failed"], "errors": load["errors"],
+    FIGURES[tag] = {"back_on_old_release_s": round(time.time() - t0, 1),"requests": load["requests"], "failed": load["failed"], "errors": load["errors"],
                         "canary_share_whole_rollout": round(share, 3), "served": took,
                         "verdict": doc["batches"][0]["reason"] if doc["batches"] else None}
     assert rc == 1, err[-3000:]
-    assert doc["result"] == "rolled_back" and doc["batches"][0]["slo"] == "error rate", doc
+    assert doc["result"] == "rolled_back" and doc["batches"][0]["slo"] == slo, doc
     assert {h: release(h) for h in GPU_HOSTS} == before
-    assert load["requests"] > 50 and load["failed"] == 0, load  # the canary's 500s were retried on h200-1
+    assert load["requests"] > 50 and load["failed"] == 0, load  # a flaky canary's 500s were retried on h200-1
+    assert share <= 0.12, took  # its weight (10 %) + 2 points, over the whole rollout
     assert all(not s.drained and s.weight == gateway.FULL for h, s in servers().items() if h in GPU_HOSTS)
 
 
