@@ -201,3 +201,18 @@ def test_program_stays_within_the_prelude_rules():
     text = remote.source("haproxy_api")
     assert "def deadline(" in text and "def write_file(" in text  # the deadline and the state file's write
     assert os.path.basename(remote.argv("haproxy_api")[0]) == "python3"
+
+
+@pytest.mark.parametrize("args, sentence", [
+    (["--canary-weight", "0%"], "--canary-weight '0%' must be percentages from 1 to 99"),
+    (["--canary-weight", "ten"], "--canary-weight 'ten' must be percentages from 1 to 99"),
+    (["--canary-steps", "50,10"], "--canary-steps '50,10' must be percentages from 1 to 99 (steps rising"),
+])
+def test_bad_canary_shares_are_refused_in_one_sentence(tmp_path, monkeypatch, capsys, args, sentence):
+    from nemofleet import cli
+    from test_fleet_rollout import write_inventory
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["rollout", write_inventory(tmp_path, "hosts = ['h1', 'h2']\n"), "--canary", "1", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollout refused: {sentence}") and len(err.strip().splitlines()) == 1, err
