@@ -118,6 +118,38 @@ def test_the_gateway_comes_from_the_inventory_alone_and_retries_failed_answers(f
     assert {h: s.op for h, s in servers().items() if h in GPU_HOSTS} == {"a100-1": 2, "h200-1": 2}
 
 
+def api(*args) -> dict:
+    r = on(GW, shell.join(remote.argv("haproxy_api", "/run/haproxy/nemofleet-admin.sock", "vllm",
+                                      "/var/lib/haproxy/nemofleet-server-state", 20, *args)))
+    return gateway.parse(r.stdout.splitlines())
+
+
+def worker() -> str:
+    """The HAProxy worker that answers the runtime API now (a reload starts a new one)."""
+    text = on(GW, "python3 -c \"import socket;s=socket.socket(socket.AF_UNIX);s.connect("
+                  "'/run/haproxy/nemofleet-admin.sock');s.sendall(b'show info\\n');"
+                  "import sys;sys.stdout.write(s.makefile().read())\"").stdout
+    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Pid:")), "")
+
+
+def test_a_reload_of_the_gateway_keeps_a_drain_and_a_weight(fleet):
+    pid, old = on(GW, "systemctl show -p MainPID --value haproxy").stdout.strip(), worker()
+    assert api("drain", "a100-1")["a100-1"].drained and api("weight", 7, "h200-1")["h200-1"].weight == 7
+    r = pyinfra("deploys/gateway.py", hosts=[GW], data={"gateway_fall": "4"})  # a new config, reloaded
+    assert r.rc == 0 and "fall 4 rise 2" in on(GW, "cat /etc/haproxy/haproxy.cfg").stdout, r.out[-3000:]
+    assert on(GW, "systemctl show -p MainPID --value haproxy").stdout.strip() == pid
+    t = time.time()
+    while worker() in (old, ""):  # the new worker, started from the new config and the state file
+        assert time.time() - t < 30, "no new HAProxy worker after the reload"
+        time.sleep(0.5)
+    now = servers()
+    assert now["a100-1"].drained and now["h200-1"].weight == 7, now
+    assert not api("ready", "a100-1", "h200-1")["a100-1"].drained
+    assert pyinfra("deploys/gateway.py", hosts=[GW]).rc == 0
+    now = servers()
+    assert not now["a100-1"].drained and now["h200-1"].weight == gateway.FULL, now
+
+
 def test_a_good_release_rolls_out_with_no_failed_client_request(fleet):
     rc, doc, err, load, took = rollout_under_load("nf2")
     FIGURES["nf2"] = {"requests": load["requests"], "failed": load["failed"], "errors": load["errors"],

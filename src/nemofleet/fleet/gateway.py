@@ -88,6 +88,8 @@ class Gateways:
                 self.session = driver.Session(inventory, self.gateways)
             except Exception as exc:  # noqa: BLE001 - the inventory's gateways cannot be reached at all
                 self._refuse(f"({str(exc)[:120]})")
+            if not self._all("show"):  # before the lock is taken or any host changes
+                self._refuse("(see the line above)")
 
     def __bool__(self) -> bool:
         return self.session is not None
@@ -185,13 +187,10 @@ def status_lines(inventory: str, hosts: list[str]) -> dict[str, list[str]]:
     gateway, with the fix ("" for a gateway that did not answer)."""
     try:
         gws = Gateways(inventory, hosts, log=lambda _: None)
-    except FleetError:
-        return {"": ["gateway: its runtime API cannot be reached: hosts drained there are not shown"]}
+    except FleetError as exc:
+        return {"": [f"{str(exc).split(': no host was changed')[0]}: hosts drained there are not shown"]}
     out: dict[str, list[str]] = {}
-    with gws:
-        if gws and not gws._all("show"):
-            return {"": [f"gateway {', '.join(gws.gateways)}: its runtime API does not answer: hosts drained "
-                         "there are not shown"]}
+    with gws:  # read as it was made
         for gw, srv in gws.servers.items():
             for h in hosts:
                 s = srv.get(h)
