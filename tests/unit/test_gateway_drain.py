@@ -175,7 +175,8 @@ def test_a_leftover_drain_is_named_and_put_back_and_an_unreachable_gateway_refus
     o, calls, lines = gw_rollout(monkeypatch, left={"b": [8, 100], "c": [0, 22]})
     assert calls[0] == ("ready", "b", "c") and o.result == "ok"
     assert any("b, c left drained or at a canary weight by a run that stopped" in ln for ln in lines)
-    with pytest.raises(FleetError, match="the gateway gw cannot be reached over its runtime API .*no host was "
+    with pytest.raises(FleetError, match="the gateway gw cannot be reached over its runtime API \\(gw: the gateway's "
+                                         "runtime API did not answer: No such file or directory\\): no host was "
                                          "changed.*--no-gateway-drain"):
         gw_rollout(monkeypatch, down=True)
 
@@ -195,6 +196,10 @@ def test_status_names_a_host_left_drained(monkeypatch):
     assert gateway.status_lines("inv", ["a", "b"]) == {"b": [
         "gateway gw: b is drained (a rollout that stopped left it so): the next `nemofleet rollout` or "
         "`nemofleet rollback` puts it back"]}
+    GatewayFleet(monkeypatch, SERVE, down=True)
+    assert gateway.status_lines("inv", ["a", "b"]) == {"": [
+        "the gateway gw cannot be reached over its runtime API (gw: the gateway's runtime API did not answer: "
+        "No such file or directory): hosts drained there are not shown"]}
 
 
 def test_program_stays_within_the_prelude_rules():

@@ -75,7 +75,7 @@ class Gateways:
 
     def __init__(self, inventory: str, hosts: list[str], log=print, use: bool = True):
         self.gateways = gateway_hosts(inventory)
-        self.log, self.session = log, None
+        self.log, self.session, self.error = log, None, ""
         specs = driver.host_specs(inventory, hosts) if self.gateways else {}
         self.drain_seconds = {h: (s.settings.drain_seconds if s.settings else 30) for h, s in specs.items()}
         self.servers: dict[str, dict[str, Server]] = {}  # per gateway, as last read
@@ -89,7 +89,7 @@ class Gateways:
             except Exception as exc:  # noqa: BLE001 - the inventory's gateways cannot be reached at all
                 self._refuse(f"({str(exc)[:120]})")
             if not self._all("show"):  # before the lock is taken or any host changes
-                self._refuse("(see the line above)")
+                self._refuse(f"({self.error})")
 
     def __bool__(self) -> bool:
         return self.session is not None
@@ -107,9 +107,8 @@ class Gateways:
         for gw in self.gateways:
             e = self.session.run(gw, command(action, *args, seconds=seconds), timeout=seconds + 30)
             if e.rc != 0:
-                ok = False
-                self.log(f"  gateway {gw}: {action} {' '.join(map(str, args))} failed: "
-                         f"{(e.lines() or ['no answer'])[-1][:200]}")
+                ok, self.error = False, f"{gw}: {(e.lines() or ['no answer'])[-1][:200]}"
+                self.log(f"  gateway {action} {' '.join(map(str, args))} failed on {self.error}")
             else:
                 self.servers[gw] = parse(e.lines())
         return ok
@@ -120,7 +119,7 @@ class Gateways:
         if not self:
             return []
         if not self._all("show"):
-            self._refuse("(see the line above)")
+            self._refuse(f"({self.error})")
         behind = {h for srv in self.servers.values() for h in srv}
         if [h for h in hosts if h not in behind]:
             self.log(f"  gateway: no server named {', '.join(h for h in hosts if h not in behind)} on "
