@@ -47,8 +47,9 @@ def parse(lines) -> dict[str, Server]:
             continue
         kv = dict(w.partition("=")[::2] for w in word[2:])
         nums = [host_number(kv.get(k), 0, 1 << 20) for k in ("op", "admin", "weight", "scur")]
-        if None not in nums:
-            out[word[1]] = Server(word[1], *nums)
+        ints = [n for n in nums if isinstance(n, int)]
+        if len(ints) == 4:
+            out[word[1]] = Server(word[1], *ints)
     return out
 
 
@@ -101,7 +102,7 @@ class Gateways:
                          "see failed requests) with --no-gateway-drain")
 
     def _all(self, action: str, *args, seconds: int = 30) -> bool:
-        if not self:
+        if self.session is None:
             return True
         ok = True
         for gw in self.gateways:
@@ -143,6 +144,7 @@ class Gateways:
                                                                    f"{seconds - 5}s)" if busy else ""))
 
     def ready(self, hosts: list[str], share: float | None = None, canary: int = 0) -> int:
+        # (share None: full weight)
         """`hosts` back at full weight; with `share`, at the weight giving them that share of the
         requests together (the weighted canary). Returns the weight set."""
         if not self or not hosts:
@@ -150,12 +152,13 @@ class Gateways:
         # the servers that serve (a host out of the gateway counts for nothing) and these hosts
         n = max([sum(s.op == 2 or h in hosts for h, s in srv.items()) for srv in self.servers.values()] + [0])
         w = FULL if share is None else canary_weight(share, canary or len(hosts), n)
+        shown = f"{100 * share:g}" if share is not None else "100"
         self.drained -= set(hosts)
         if w == FULL:
             self._all("ready", *hosts)
         else:
             self._all("weight", w, *hosts)
-            self.log(f"  gateway: {', '.join(hosts)} at weight {w} of {FULL} ({100 * share:g}% of the requests)")
+            self.log(f"  gateway: {', '.join(hosts)} at weight {w} of {FULL} ({shown}% of the requests)")
         return w
 
     def __enter__(self):

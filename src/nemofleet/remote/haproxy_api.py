@@ -23,6 +23,12 @@ before anything changes; a refusal or a failure is one sentence on stderr (exit 
 import socket
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
+    import time
+
+    from ._prelude import *  # noqa: F403
+
 
 def api(path, command):
     s = socket.socket(socket.AF_UNIX)
@@ -63,6 +69,7 @@ def main(argv):
         return 2
     path, backend, state_file, action, args = argv[1], argv[2], argv[3], argv[5], argv[6:]
     deadline(float(argv[4]))
+    end = time.monotonic() + float(argv[4]) - 5  # a drain's wait ends here: the answer still comes in time
     weight = args.pop(0) if action == "weight" and args else None
     if weight is not None and not (weight.isdigit() and int(weight) <= 256):
         print(f"refused: weight {weight[:20]!r} is not a number from 0 to 256", file=sys.stderr)
@@ -85,7 +92,6 @@ def main(argv):
             return 1
     if action != "show":
         write_file(state_file, api(path, "show servers state").encode())
-    end = END - 5
     while action == "drain":  # the requests in flight finish (until the deadline; then they are cut)
         known = servers(path, backend)
         if all(known[n]["scur"] == "0" for n in args if n in known) or time.monotonic() > end:
