@@ -25,8 +25,6 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
-    import time
-
     from ._prelude import *  # noqa: F403
 
 
