@@ -125,13 +125,17 @@ class Gateways:
         if [h for h in hosts if h not in behind]:
             self.log(f"  gateway: no server named {', '.join(h for h in hosts if h not in behind)} on "
                      f"{', '.join(self.gateways)}: not drained there (name a backend after its host)")
-        left = sorted({h for srv in self.servers.values() for h in hosts if h in srv
-                       and (srv[h].drained or srv[h].weight != FULL)})
+        left = sorted({h for _, h, _ in self.held_out(hosts)})
         if left:
             self.log(f"  gateway: {', '.join(left)} left drained or at a canary weight by a run that stopped: "
                      "set ready at full weight again")
             self._all("ready", *left)
         return left
+
+    def held_out(self, hosts: list[str]) -> list[tuple[str, str, Server]]:
+        """(gateway, host, its server) for each of `hosts` drained or below full weight, as last read."""
+        return [(gw, h, srv[h]) for gw, srv in self.servers.items() for h in hosts
+                if h in srv and (srv[h].drained or srv[h].weight != FULL)]
 
     def drain(self, hosts: list[str]) -> None:
         """No new request to `hosts`; returns once those in flight finished (at most their
@@ -144,7 +148,6 @@ class Gateways:
                                                                    f"{seconds - 5}s)" if busy else ""))
 
     def ready(self, hosts: list[str], share: float | None = None, canary: int = 0) -> int:
-        # (share None: full weight)
         """`hosts` back at full weight; with `share`, at the weight giving them that share of the
         requests together (the weighted canary). Returns the weight set."""
         if not self or not hosts:
@@ -193,12 +196,8 @@ def status_lines(inventory: str, hosts: list[str]) -> dict[str, list[str]]:
         return {"": [f"{str(exc).split(': no host was changed')[0]}: hosts drained there are not shown"]}
     out: dict[str, list[str]] = {}
     with gws:  # read as it was made
-        for gw, srv in gws.servers.items():
-            for h in hosts:
-                s = srv.get(h)
-                if s and (s.drained or s.weight != FULL):
-                    what = "drained" if s.drained else f"at weight {s.weight} of {FULL}"
-                    out.setdefault(h, []).append(
-                        f"gateway {gw}: {h} is {what} (a rollout that stopped left it so): the next "
-                        "`nemofleet rollout` or `nemofleet rollback` puts it back")
+        for gw, h, s in gws.held_out(hosts):
+            what = "drained" if s.drained else f"at weight {s.weight} of {FULL}"
+            out.setdefault(h, []).append(f"gateway {gw}: {h} is {what} (a rollout that stopped left it so): the "
+                                         "next `nemofleet rollout` or `nemofleet rollback` puts it back")
     return out
