@@ -11,6 +11,12 @@ rollout's start to the fleet back on the old release (for a rolled-back release:
 ends, its rollback gated), and the largest gap between two progress lines of the rollout (the
 "never silent over 10 s" figure). The fleet is converged back to the inventory's release after
 each release. Results: printed, and bench/results/canary.json.
+
+With --gateway (issue 49; gw-1 up and deployed with NEMOFLEET_TESTBED_GATEWAY=1, docs/gateway.md) the
+load runs inside gw-1 through the gateway instead (three clients), and each release reports the
+requests and failed requests as the client saw them, each host's share of the requests during the
+rollout (HAProxy's counters: the bad release's share), the time to the fleet back on the old release
+and the largest silent gap. Results: bench/results/canary-gateway.json.
 """
 from __future__ import annotations
 
@@ -31,16 +37,21 @@ STOP = "/tmp/nf_canary_load_stop"
 
 # ---------------------------------------------------------------------------- on the host
 
-def load(clients: int) -> dict:
-    """Until the stop file appears: completions round-robin over the host's instances."""
+def load(clients: int, gateway_model: str = "") -> dict:
+    """Until the stop file appears: completions round-robin over the host's instances (on a
+    gateway host, with `gateway_model`: through the gateway's one endpoint, port 8800)."""
     import itertools
     import re
     import urllib.error
     import urllib.request as u
 
-    cfg = json.load(open("/etc/nemofleet/health.json"))  # the health program's config (render.health_config)
-    inst = [(i["name"], i["port"], i["model"]) for i in cfg["instances"] if i["port"]]
-    key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
+    if gateway_model:  # the gateway checks the fleet's key against its 0600 patterns file
+        inst = [("gateway", 8800, gateway_model)]
+        key = open("/etc/nemofleet/front-door.keys").read().split()[-1]
+    else:
+        cfg = json.load(open("/etc/nemofleet/health.json"))  # the health program's config (render.health_config)
+        inst = [(i["name"], i["port"], i["model"]) for i in cfg["instances"] if i["port"]]
+        key = re.search(r"^VLLM_API_KEY=(.*)$", open("/etc/nemofleet/vllm.env").read(), re.M).group(1)
     ring = itertools.cycle(inst)
     lock = threading.Lock()
     out = {"requests": 0, "failed": 0, "errors": {}}
@@ -79,14 +90,14 @@ def load(clients: int) -> dict:
 
 # ---------------------------------------------------------------------------- on the controller
 
-def start_load(host: str) -> subprocess.Popen:
+def start_load(host: str, gateway_model: str = "", clients: int = CLIENTS) -> subprocess.Popen:
     import nemofleet_testbed as testbed
 
     c = testbed.container(host)
     subprocess.run(["docker", "exec", c, "rm", "-f", STOP], check=True)
     subprocess.run(["docker", "cp", __file__, f"{c}:/tmp/nf_canary_load.py"], check=True)
-    return subprocess.Popen(["docker", "exec", c, "python3", "/tmp/nf_canary_load.py", "load", str(CLIENTS)],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(["docker", "exec", c, "python3", "/tmp/nf_canary_load.py", "load", str(clients),
+                             *([gateway_model] if gateway_model else [])], stdout=subprocess.PIPE, text=True)
 
 
 def stop_load(host: str, p: subprocess.Popen) -> dict:
@@ -136,17 +147,47 @@ def converge() -> None:
     subprocess.run(args, cwd=ROOT, check=True, capture_output=True, stdin=subprocess.DEVNULL)
 
 
-def one_release(release: str, bake: float) -> dict:
+GW = "gw-1"
+
+
+def gateway_stot() -> dict:
+    """Requests each server of gw-1 took so far (HAProxy's `show stat`, read inside gw-1)."""
+    import nemofleet_testbed as testbed
+
+    code = ("import socket,sys;s=socket.socket(socket.AF_UNIX);s.connect('/run/haproxy/nemofleet-admin.sock');"
+            "s.sendall(b'show stat\\n');sys.stdout.write(s.makefile().read())")
+    text = subprocess.run(["docker", "exec", testbed.container(GW), "python3", "-c", code], capture_output=True,
+                          text=True, check=True).stdout
+    col = text.splitlines()[0].lstrip("# ").split(",").index("stot")
+    return {r[1]: int(r[col] or 0) for r in (ln.split(",") for ln in text.splitlines() if ln.startswith("vllm,"))
+            if r[1] not in ("BACKEND", "FRONTEND")}
+
+
+def one_release(release: str, bake: float, gateway: bool = False) -> dict:
     # the one pin of the vLLM image (releases are tags beside it); imported here, not at the top:
     # this file is also copied onto a test host and run there as the load generator (load())
     from nemofleet.settings import DEFAULT_IMAGE
 
-    loads = {h: start_load(h) for h in HOSTS}
+    # the load: inside each host against its own instances, or (--gateway) inside gw-1 through it
+    loads = {GW: start_load(GW, "nemotron-3.5-lightning", clients=3)} if gateway else {h: start_load(h) for h in HOSTS}
     time.sleep(3)  # the load flows before the rollout starts
+    before = gateway_stot() if gateway else {}
     r = rollout(["--canary", "1", "--batch", "1", "--wait", "120", "--bake", str(bake),
                  "--data", f"vllm_image={DEFAULT_IMAGE}-{release}"])
     done = {h: stop_load(h, p) for h, p in loads.items()}
     doc = r["doc"]
+    if gateway:
+        after = gateway_stot()
+        took = {h: after.get(h, 0) - before.get(h, 0) for h in HOSTS}
+        canary = [h for h, v in (doc.get("hosts") or {}).items() if v.get("canary")] or HOSTS[:1]
+        return {"release": release, "result": doc.get("result"), "rc": r["rc"], "reason": doc.get("reason"),
+                "seconds": r["seconds"], "largest_progress_gap_s": r["largest_gap_s"],
+                "back_on_old_release_s": r["seconds"] if doc.get("result") == "rolled_back" else None,
+                "requests": done[GW]["requests"], "failed": done[GW]["failed"], "errors": done[GW]["errors"],
+                "served_per_host": took, "canary_share_whole_rollout": round(
+                    sum(took[h] for h in canary) / max(1, sum(took.values())), 3),
+                "steps": [b.get("steps") for b in doc.get("batches") or []],
+                "batches": doc.get("batches"), "log": r["log"]}
     canary_hosts = [h for h, v in (doc.get("hosts") or {}).items() if v.get("canary")] or HOSTS[:1]
     return {
         "release": release, "result": doc.get("result"), "rc": r["rc"], "reason": doc.get("reason"),
@@ -170,22 +211,27 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bake", type=float, default=30)
     ap.add_argument("--releases", default=",".join(RELEASES))
+    ap.add_argument("--gateway", action="store_true",
+                    help="the load through gw-1 (NEMOFLEET_TESTBED_GATEWAY=1: gw-1 up and deployed; issue 49)")
     a = ap.parse_args()
+    if a.gateway:
+        os.environ["NEMOFLEET_TESTBED_GATEWAY"] = "1"
     sys.path[:0] = [str(ROOT / "src"), str(ROOT / "testbed" / "src")]  # nemofleet's and the testbed's sources
     os.environ["PYINFRA_PROGRESS"] = "off"
     results = []
     for release in a.releases.split(","):
-        res = one_release(release, a.bake)
+        res = one_release(release, a.bake, a.gateway)
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k not in ("batches", "log")}, indent=1), flush=True)
         converge()  # back to the inventory's release for the next one
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "canary.json").write_text(json.dumps(results, indent=2))
+    name = "canary-gateway.json" if a.gateway else "canary.json"
+    (ROOT / "bench" / "results" / name).write_text(json.dumps(results, indent=2))
     return 0
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["load"]:
-        print(json.dumps(load(int(sys.argv[2]))))
+        print(json.dumps(load(int(sys.argv[2]), *sys.argv[3:4])))
     else:
         sys.exit(main())

@@ -45,6 +45,21 @@ for _name, _h in _state["hosts"].items():
         **(_h.get("data") or {}),  # per-host data of its profile (e.g. bare-1 installs the driver)
     }))
 
+# The testbed's gateway (NEMOFLEET_TESTBED_GATEWAY=1): gw-1 in front of the GPU hosts that are up,
+# one backend each named after its host (a rollout finds a host's server by that name): its front
+# door with several GPUs (one instance each), its instance port with one; each GPU host listens on
+# every address of its container so gw-1 reaches it over the testbed network (docs/gateway.md).
+if _gateway:
+    _served = {n: h["gpus"] > 1 for n, h in sorted(_state["hosts"].items())
+               if h["group"] != "gateway" and not n.startswith("broken") and not h.get("serving_group")}
+    for _members in _groups.values():
+        for _name, _data in _members:
+            if _name in _served:
+                _data.update({"front_door_address": "0.0.0.0"} if _served[_name] else {"bind_address": "0.0.0.0"})
+    for _name, _data in _groups.get("gateway", []):
+        _data.setdefault("gateway_backends", [{"host": container(n), "port": 8800 if multi else 8000, "name": n}
+                                              for n, multi in _served.items()])
+
 gpu_a100 = _groups.get("gpu_a100", [])
 gpu_h100 = _groups.get("gpu_h100", [])
 gpu_h200 = _groups.get("gpu_h200", [])

@@ -30,7 +30,7 @@ WEIGHT = {
     "test_1_deploy.py": 240, "test_2_gpu_access.py": 18, "test_2_weights_and_docker.py": 29,
     "test_3_canary.py": 348, "test_3_lock.py": 137, "test_3_rollout_and_rebuild.py": 379,
     "test_4_bootstrap.py": 38, "test_5_cdi.py": 121, "test_6_faults.py": 115, "test_6_payloads.py": 250,
-    "test_7_metrics.py": 6, "test_8_front_door.py": 258, "test_9_gateway.py": 55,
+    "test_7_metrics.py": 6, "test_8_front_door.py": 258, "test_9_gateway.py": 55, "test_9_gateway_rollout.py": 290,
     "test_9_gpu_health.py": 121, "test_9_multinode.py": 238, "test_9_bundle.py": 81,
 }
 SHARDS = int(os.environ.get("NEMOFLEET_E2E_SHARDS", "2"))

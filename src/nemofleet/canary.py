@@ -244,6 +244,7 @@ class Slo:
     latency_ratio: float = 1.5
     min_requests: int = 50
     on_thin: str = "wait"
+    canary_min: int = 0  # the canary's own minimum when a gateway gives it less than a host's share (0: min_requests)
 
 
 def check_slo(slo: Slo) -> None:
@@ -274,11 +275,12 @@ def verdict(canary: Figures, baseline: Figures, slo: Slo) -> Verdict:
             return Verdict("breach", f"the {side}'s /metrics had {f.unreadable} sample line(s) the gate cannot read "
                                      "(a count that is no number: +Inf, 1e400, text): it cannot vouch for the batch",
                            "metrics")
-    thin = [f"{side} {int(f.requests)}" for side, f in (("canary", canary), ("baseline", baseline))
-            if f.requests < slo.min_requests]
+    need = {"canary": slo.canary_min or slo.min_requests, "baseline": slo.min_requests}
+    thin = [f"{side} {int(f.requests)} of {need[side]}" for side, f in (("canary", canary), ("baseline", baseline))
+            if f.requests < need[side]]
     if thin:
         return Verdict("thin", f"too few requests to judge ({', '.join(thin)}; --slo-min-requests "
-                               f"{slo.min_requests})")
+                               f"{slo.min_requests}{', scaled to the canary weight' if slo.canary_min else ''})")
     c_rate, b_rate = 100 * (canary.error_rate or 0.0), 100 * (baseline.error_rate or 0.0)
     limit = min(b_rate, slo.error_points) + slo.error_points
     if c_rate > limit:

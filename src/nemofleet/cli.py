@@ -9,6 +9,7 @@
     nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
                       [--lock-ttl 2h] [--bake S] [--slo-error-rate P] [--slo-latency-ratio R]
                       [--slo-min-requests N] [--on-thin-traffic wait|pass|fail] [--pause-after-canary] [--json]
+                      [--canary-weight P%] [--canary-steps P,P,...] [--no-gateway-drain]
     nemofleet smoke INVENTORY [--limit H] [--prompt TEXT | --prompt-file FILE|-] [--max-tokens N] [--json]
     nemofleet rollback INVENTORY [--limit H]
     nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
@@ -508,6 +509,11 @@ def cmd_rollout(a) -> int:
         return refused(str(exc))
     if not (a.bake == 0 or 1 <= a.bake <= 86400):
         return refused(f"--bake {a.bake:g} must be 0 (no bake) or from 1 to 86400 seconds")
+    given = a.canary_steps or a.canary_weight
+    shares = [s.strip().removesuffix("%") for s in given.split(",")]
+    if not all(s.isdigit() and 1 <= int(s) <= 99 for s in shares) or shares != sorted(shares, key=int):
+        return refused(f"--canary-{'steps' if a.canary_steps else 'weight'} {given!r} must be percentages from 1 to "
+                       "99 (steps rising, e.g. 10,25,50) of the gateway's requests")
     if a.pause_after_canary and not a.canary:
         return refused("--pause-after-canary needs a canary batch: add --canary N")
     if a.pause_after_canary and not sys.stdin.isatty():
@@ -519,7 +525,8 @@ def cmd_rollout(a) -> int:
         o = rollout.rollout(
             a.inventory, batch=a.batch, canary=a.canary, max_failures=a.max_failures, window=a.wait, limit=a.limit,
             data=_data(a.data), message=a.message, ttl=_ttl(a), log=say, bake_seconds=a.bake, slo=slo,
-            pause_after_canary=a.pause_after_canary,
+            pause_after_canary=a.pause_after_canary, gateway_drain=not a.no_gateway_drain,
+            canary_steps=tuple(int(s) / 100 for s in shares),
             ask=lambda q: (print(q, end="", file=sys.stderr, flush=True), sys.stdin.readline())[1])
     except FleetError as exc:
         return refused(str(exc))
@@ -547,7 +554,8 @@ def cmd_rollout(a) -> int:
 def cmd_rollback(a) -> int:
     from .fleet import rollout
 
-    o, rc = _fleet(lambda: rollout.rollback(a.inventory, a.limit, window=a.wait, ttl=_ttl(a)), "rollback")
+    o, rc = _fleet(lambda: rollout.rollback(a.inventory, a.limit, window=a.wait, ttl=_ttl(a),
+                                            gateway_drain=not a.no_gateway_drain), "rollback")
     if o is None:
         return rc
     print(o.table())
@@ -608,7 +616,7 @@ def cmd_rebuild(a) -> int:
     try:
         stages, rc = _fleet(lambda: rebuild.rebuild(
             a.inventory, a.host, a.accept_new_host_key, expect_host_key=a.expect_host_key, yes=a.yes,
-            window=a.wait, data=_data(a.data), ttl=_ttl(a)), "rebuild")
+            window=a.wait, data=_data(a.data), ttl=_ttl(a), gateway_drain=not a.no_gateway_drain), "rebuild")
     except rebuild.RebuildError as exc:
         print(f"rebuild of {a.host} failed: {exc}", file=sys.stderr)
         return 1
@@ -743,13 +751,21 @@ def parser() -> argparse.ArgumentParser:
                         "fail (roll back), pass (promote unjudged)")
     r.add_argument("--pause-after-canary", action="store_true",
                    help="after the canary passes, ask on the terminal: promote (go on) or abort (roll it back)")
+    r.add_argument("--canary-weight", default="10%",
+                   help="with a gateway: the canary batch's share of its requests while it bakes (default 10%%)")
+    r.add_argument("--canary-steps", default="", metavar="P,P,...",
+                   help="with a gateway: bake the canary at these shares in turn (e.g. 10,25,50), each judged")
     r.add_argument("--json", action="store_true", help="one JSON document on stdout; human lines on stderr")
     r.set_defaults(fn=cmd_rollout)
+    no_drain = "go on when the inventory's gateway cannot be reached: hosts are not drained there (clients may " \
+               "see failed requests)"
+    r.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
     rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
     rb.add_argument("inventory")
     rb.add_argument("--limit", action="append", default=[])
     rb.add_argument("--wait", type=_seconds, default=1200)
     rb.add_argument("--lock-ttl", default="2h", help=ttl_help)
+    rb.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
     rb.set_defaults(fn=cmd_rollback)
     lk = add("lock", "show, take or release the deploy lock on each host", cmd_lock)
     lk.add_argument("action", choices=["status", "acquire", "release"], help="what to do with the lock")
@@ -768,6 +784,7 @@ def parser() -> argparse.ArgumentParser:
     rd.add_argument("--wait", type=_seconds, default=1200)
     rd.add_argument("--data", action="append", default=[])
     rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
+    rd.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
     bd = add("bundle", "one signed file with every image, weight and package the plans need (air-gap)",
              cmd_bundle,
              "One signed file with every image, weight and package the inventory's plans need, for fleets\n"

@@ -462,7 +462,7 @@ def _gateway_configure(want: Desired) -> None:
 
 def gateway() -> None:
     """deploys/gateway.py: configure the hosts of group `gateway` (HAProxy over gateway_backends,
-    desired._gateway decides it); any other host is left alone."""
+    gateway.decide decides it); any other host is left alone."""
     if spec.GATEWAY_GROUP not in (host.groups or ()):
         host.log(f"not in inventory group {spec.GATEWAY_GROUP}: deploys/gateway.py leaves this host alone",
                  logger.info)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from dataclasses import dataclass, field
 
-from . import gpuhealth
+from . import gateway, gpuhealth
 from . import models as catalog
 from . import paths, render, shell, versions
 from . import preflight as checks
@@ -359,8 +359,8 @@ def decide(i: HostInputs) -> Desired:
     deploy (and through it rollout, rollback and rebuild), `nemofleet plan` and `nemofleet status`.
     Never raises for bad input: a host that cannot serve comes back with `refusals` (one sentence
     each, with its code) and nothing else to apply."""
-    if GATEWAY_GROUP in i.groups:
-        return _gateway(i)
+    if GATEWAY_GROUP in i.groups:  # the fleet gateway's own decision (gateway.py)
+        return Desired(**gateway.decide(i, _secret_refusals(i.secrets)))
     facts, s = i.facts, i.settings
     head: dict[str, Any] = dict(host=i.name, summary=checks.summary(facts))
     refusals, warnings = list(i.refusals), list(i.warnings)
@@ -558,59 +558,3 @@ def front_door(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -
             f"host.docker.internal:host-gateway) model {p.served_name}; the instances do not join "
             f"{fe.network} while the front door is on (front_door: false attaches each instance to it instead, "
             "one endpoint per instance)" for fe in s.frontends])
-
-
-# ---------------------------------------------------------------------------- the fleet gateway
-# A host of the inventory group `gateway` runs HAProxy from its distribution, like a GPU host's
-# front door and through the same steps (deploy.front_door, render.haproxy_config,
-# operations.frontdoor.configured): leastconn over `gateway_backends` (each GPU host's front door,
-# or the instance port of a single-instance host), /health checked every 2 s so a host that stops
-# answering is ejected after `gateway_fall` failures and taken back after `gateway_rise` passes,
-# every response observed (observe layer7), the fleet's API key checked here against a 0600 file
-# and again by each host. No GPU, driver or Docker is needed or checked on a gateway host
-# (docs/gateway.md).
-
-
-def gateway_binds(s: settings_mod.Settings) -> list[str]:
-    port, addr = s.gateway_port, s.gateway_address
-    if addr == "0.0.0.0":
-        return [f"0.0.0.0:{port}"]
-    return [f"127.0.0.1:{port}"] + ([f"{render.url_host(addr)}:{port}"] if addr != "127.0.0.1" else [])
-
-
-def gateway_servers(s: settings_mod.Settings) -> list[tuple[str, str]]:
-    return [(b.name, f"{render.url_host(b.host)}:{b.port}") for b in s.gateway_backends]
-
-
-def gateway_config(host: str, s: settings_mod.Settings) -> str:
-    fall, rise = s.gateway_fall, s.gateway_rise
-    header = [
-        f"Managed by nemofleet: the fleet gateway on {host} (rendered from gateway_backends; do not edit).",
-        "One OpenAI-compatible endpoint across the fleet's GPU hosts: least outstanding requests across",
-        f"their endpoints, /health checked every 2 s (a backend is ejected after {fall} failed checks and",
-        f"taken back after {rise} passed ones) and every response observed, the API key checked here",
-        f"(patterns in {paths.FRONT_DOOR_KEYS}, 0600, read at load) and again by each host.",
-        "Validated with `haproxy -c -f` before it replaces the live file; applied with `systemctl reload`."]
-    return render.haproxy_config(header, "gateway", gateway_binds(s), gateway_servers(s), s.front_door_timeout,
-                                 fall=fall, rise=rise)
-
-
-def _gateway(i: HostInputs) -> Desired:
-    """The gateway's desired state; refusals (one sentence each) and nothing else when it cannot be one."""
-    host, s = i.name, i.settings
-    head: dict[str, Any] = dict(host=host, summary=f"gateway host {host}")
-    refusals = [r for r in i.refusals if not r.startswith("could not read ")]  # no GPU facts are read there
-    if s is None or refusals:
-        return Desired(**head, refusals=refusals)
-    refusals += _secret_refusals(i.secrets)
-    if not s.gateway_backends:
-        refusals.append(Refusal("gateway_backends is empty: list the model endpoints of the GPU hosts "
-                                "(e.g. [{\"host\": \"10.0.0.5\", \"port\": 8800}]; docs/gateway.md)", "gateway"))
-    if refusals:
-        return Desired(**head, refusals=refusals, settings=s)
-    where = host if s.gateway_address in ("0.0.0.0", "::") else s.gateway_address
-    return Desired(
-        **head, settings=s, front_door=True, front_door_config=gateway_config(host, s), secret_dirs={paths.ETC: "0700"},
-        front_door_secrets={paths.FRONT_DOOR_KEYS: (f"Bearer {reveal(i.secrets['vllm_api_key'])}\n", "0600")},
-        frontend_lines=[f"gateway: base URL http://{render.url_host(where)}:{s.gateway_port}/v1 over "
-                        f"{len(s.gateway_backends)} backend(s) ({', '.join(t for _, t in gateway_servers(s))})"])

@@ -223,22 +223,39 @@ def front_door_binds(s, bridge: str | None) -> list[str]:
     address containers reach the host on (front_door_address, else Docker's bridge gateway)."""
     port = s.front_door_port
     extra = s.front_door_address or bridge
+    if extra in ("0.0.0.0", "::"):  # every address, loopback included
+        return [f"{_bracketed(extra)}:{port}"]
     binds = [f"127.0.0.1:{port}"]
     if extra and extra not in ("127.0.0.1",):
         binds.append(f"{_bracketed(extra)}:{port}")
     return binds
 
 
+# A request is buffered whole (option http-buffer-request) so that it can be retried on another
+# server; HAProxy replays only a request that fits one buffer (its manual, retry-on). 256 KiB holds
+# a chat request of about 60k tokens of English text; each request in flight takes two such
+# buffers (and a third while a retry is possible), allocated only while it is in flight.
+PROXY_BUFSIZE = 262144
+PROXY_RETRIES = 3  # further tries of one request, each on another server (option redispatch 1)
+GATEWAY_STATE = "/var/lib/haproxy/nemofleet-server-state"  # the gateway's runtime state across reloads
+GATEWAY_WEIGHT = 100  # each gateway server's full weight: a canary's share is set as a fraction of it
+
+
 def haproxy_config(header: list[str], frontend: str, binds: list[str], servers: list[tuple[str, str]],
-                   timeout: int, fall: int, rise: int, inter: int = 2) -> str:
+                   timeout: int, fall: int, rise: int, inter: int = 2, gateway: bool = False) -> str:
     """The one HAProxy config nemofleet writes (templates/haproxy.cfg.j2), for a host's front door
-    and for the fleet gateway alike: leastconn over `servers` [(name, "address:port")], /health
-    checked every `inter` s (down after `fall` failures, back after `rise` passes) and every
-    response observed, the key checked against paths.FRONT_DOOR_KEYS, long timeouts for streams."""
+    and for the fleet gateway alike: `servers` [(name, "address:port")], /health checked every
+    `inter` s (down after `fall` failures, back after `rise` passes) and every response observed,
+    a failed answer retried on another server, the key checked against paths.FRONT_DOOR_KEYS, long
+    timeouts for streams. A front door balances leastconn over its equal instances; the gateway
+    balances roundrobin, the one algorithm that keeps a canary at its weight (docs/gateway.md), and
+    keeps its runtime state (drains, weights) across a reload."""
     return _env.get_template("haproxy.cfg.j2").render(
         header=header, frontend=frontend, keys_file=paths.FRONT_DOOR_KEYS, socket=paths.FRONT_DOOR_SOCKET,
         backend=paths.FRONT_DOOR_BACKEND, timeout=timeout, maxconn=4096, binds=binds, servers=servers,
-        inter=inter, fall=fall, rise=rise)
+        inter=inter, fall=fall, rise=rise, bufsize=PROXY_BUFSIZE, retries=PROXY_RETRIES,
+        balance="roundrobin" if gateway else "leastconn", weight=GATEWAY_WEIGHT if gateway else None,
+        state_file=GATEWAY_STATE if gateway else None)
 
 
 def front_door_config(plan: Plan, s, bridge: str | None) -> str:

@@ -35,7 +35,7 @@ from .secret import Secret, parse_public_key
 SECRET_KEYS = ("vllm_api_key", "hf_token", "weights_seed_key", "weights_seed_public_key")
 
 # Hosts of this inventory group are fleet gateways (deploys/gateway.py): they serve no model, so
-# rollouts and status skip them, and the decision for them is the gateway's (desired._gateway).
+# rollouts and status skip them, and the decision for them is the gateway's (gateway.py).
 GATEWAY_GROUP = "gateway"
 
 

@@ -120,7 +120,7 @@ def cfg_digest() -> str:
 def test_gateway_balances_over_both_hosts_with_key_and_401_without(fleet):
     assert on(GW, "systemctl is-active haproxy").stdout.strip() == "active"
     text = on(GW, f"cat {CFG}").stdout
-    assert "balance leastconn" in text and "fall 3 rise 2 observe layer7" in text
+    assert "balance roundrobin" in text and "fall 3 rise 2 observe layer7" in text
     for b in backends():
         assert f"    server {b['name']} {b['host']}:8000\n" in text
     key = on(GW, "cat /etc/nemofleet/front-door.keys").stdout.strip().split()[-1]

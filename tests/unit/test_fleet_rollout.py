@@ -11,12 +11,18 @@ import pytest
 from nemofleet import cli
 from nemofleet.facts.lock import DeployLock, lock_refusal
 from nemofleet import hostcmd as commands
-from nemofleet.fleet import driver, lock, rebuild, rollout
+from nemofleet.fleet import driver, gateway, lock, rebuild, rollout
 from nemofleet.fleet.driver import Exec, FleetError, Result
 from nemofleet.fleet.rollout import HostState
 from nemofleet import remote
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_gateway(monkeypatch):
+    """These inventories have no gateway host (test_gateway_drain.py has the ones that do)."""
+    monkeypatch.setattr(gateway, "gateway_hosts", lambda inv: [])
 
 
 def lock_action(script: str) -> str | None:

@@ -1,7 +1,9 @@
 """The fleet gateway (issue 17 item 5): its HAProxy config and its refusals, one sentence each."""
+from pathlib import Path
+
 import pytest
 
-from nemofleet import desired, paths
+from nemofleet import desired, paths, render
 from nemofleet_testbed import load_profiles
 
 KEY = {"vllm_api_key": "sk-nf-" + "a" * 32}
@@ -18,13 +20,15 @@ def build(**data):
     return gateway_build("gw-01", {"gateway_backends": BACKENDS, **data}, KEY)
 
 
-def test_config_balances_leastconn_over_the_backends_with_health_ejection():
+def test_config_balances_by_weight_over_the_backends_with_health_ejection():
     d = build()
     assert d.refusals == [] and d.front_door
     text = d.front_door_config
     assert "frontend gateway\n    bind 0.0.0.0:8800\n" in text
-    assert "    balance leastconn\n" in text and "http-check send meth GET uri /health" in text
-    assert "default-server check inter 2s fall 3 rise 2 observe layer7 error-limit 5 on-error mark-down" in text
+    # roundrobin: the one algorithm that keeps a light (canary) server at its weight (docs/gateway.md)
+    assert "    balance roundrobin\n" in text and "http-check send meth GET uri /health" in text
+    assert ("default-server check inter 2s fall 3 rise 2 observe layer7 error-limit 5 on-error mark-down "
+            f"weight {render.GATEWAY_WEIGHT}\n") in text
     servers = [line.strip() for line in text.splitlines() if line.strip().startswith("server ")]
     assert servers == ["server 10.0.0.5:8800 10.0.0.5:8800", "server h200-01 h200-01.example.internal:8000",
                        "server fd00::7:8800 [fd00::7]:8800"]
@@ -103,3 +107,67 @@ def test_a_gateway_needs_no_gpu_facts():
 def test_testbed_gateway_host_is_optional_and_has_no_gpu():
     gw = load_profiles()["gw-1"]
     assert gw["group"] == "gateway" and gw["optional"] and gw["gpus"] == [] and gw["driver_state"] == "absent"
+
+
+def _lines(text: str, section: str) -> list[str]:
+    """The statements of one section of a rendered HAProxy config (comments left out)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line and not line.startswith(" "):
+            inside = line.split()[0] == section
+        elif inside and line.strip() and not line.strip().startswith("#"):
+            out.append(line.strip())
+    return out
+
+
+def test_a_failed_answer_is_retried_on_another_server_and_the_request_is_buffered_for_it():
+    """Item 3 of issue 49: refused/reset connections, an empty answer and 500/502/503/504 are
+    retried (never a response timeout: a long generation is not sent twice), each retry on another
+    server, the request buffered whole so that it can be sent again (up to tune.bufsize)."""
+    text = build().front_door_config
+    defaults = _lines(text, "defaults")
+    assert "retry-on conn-failure empty-response 500 502 503 504" in defaults
+    assert "option http-buffer-request" in defaults and "option redispatch 1" in defaults
+    assert f"retries {render.PROXY_RETRIES}" in defaults and render.PROXY_RETRIES == 3
+    assert not [ln for ln in defaults if "response-timeout" in ln or "junk-response" in ln]
+    assert f"tune.bufsize {render.PROXY_BUFSIZE}" in _lines(text, "global") and render.PROXY_BUFSIZE == 256 * 1024
+    # the gateway keeps drains and weights set through its runtime API across a reload
+    assert f"server-state-file {render.GATEWAY_STATE}" in _lines(text, "global")
+    assert "load-server-state-from-file global" in defaults
+
+
+def test_front_doors_share_the_retries_but_keep_leastconn_and_no_state_file():
+    """The template is shared: a host's front door retries the same failures on another of its
+    instances, but balances leastconn over its equal instances with no weights and no state file
+    (its drains are its own drain script's, never left behind by a controller)."""
+    text = render.haproxy_config(["x"], "front_door", ["127.0.0.1:8800"], [("nemotron-0", "127.0.0.1:8000")],
+                                 3600, fall=2, rise=1)
+    defaults = _lines(text, "defaults")
+    assert "retry-on conn-failure empty-response 500 502 503 504" in defaults and "option http-buffer-request" in defaults
+    assert "balance leastconn" in _lines(text, "backend") and "weight" not in text.split("backend")[-1]
+    assert "server-state-file" not in text and "load-server-state-from-file" not in text
+
+
+def test_testbed_inventory_configures_its_gateway_from_the_hosts_that_are_up(tmp_path, monkeypatch):
+    """Item 0: with NEMOFLEET_TESTBED_GATEWAY=1 the testbed inventory gives gw-1 one backend per GPU
+    host that is up, named after it (how a rollout finds its server): the front door of a host with
+    several GPUs, the instance port of one with one, each listening where gw-1 reaches it."""
+    import json
+    import runpy
+
+    state = {"key": "k", "hosts": {"a100-1": {"port": 1, "group": "gpu_a100", "gpus": 1},
+                                   "h100-1": {"port": 2, "group": "gpu_h100", "gpus": 8},
+                                   "broken-1": {"port": 3, "group": "gpu_a100", "gpus": 1},
+                                   "gw-1": {"port": 4, "group": "gateway", "gpus": 0}}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    monkeypatch.setenv("NEMOFLEET_TESTBED_DIR", str(tmp_path))
+    monkeypatch.setenv("NEMOFLEET_TESTBED_GATEWAY", "1")
+    monkeypatch.delenv("NEMOFLEET_TESTBED_HOSTS", raising=False)
+    monkeypatch.delenv("NEMOFLEET_TESTBED_BROKEN", raising=False)
+    inv = runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventories" / "testbed.py"))
+    (gw, data), = inv["gateway"]
+    assert gw == "gw-1" and [b["name"] for b in data["gateway_backends"]] == ["a100-1", "h100-1"]
+    ports = {b["name"]: b["port"] for b in data["gateway_backends"]}
+    assert ports == {"a100-1": 8000, "h100-1": 8800}
+    hosts = dict(inv["gpu_a100"] + inv["gpu_h100"])
+    assert hosts["a100-1"]["bind_address"] == "0.0.0.0" and hosts["h100-1"]["front_door_address"] == "0.0.0.0"

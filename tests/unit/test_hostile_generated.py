@@ -700,6 +700,14 @@ def _holders(lines):
 
 from nemofleet.facts import weights as weights_facts  # noqa: E402
 
+
+def _gateway_servers(lines):
+    from nemofleet.fleet import gateway
+
+    got = gateway.parse.__wrapped__(lines)
+    assert all(isinstance(s.weight, int) and 0 <= s.scur <= 1 << 20 for s in got.values()), got
+    return got
+
 # {remote program: [(reader, its answer on a serving host)]}: the facts that read engine_read,
 # weights_check, models_on_disk, hub and lock are fed above; these are the readers that are no fact
 READERS = {
@@ -728,6 +736,8 @@ READERS = {
                             'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 122.0',
                             'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 122.0'])],
     "hub": [(_hub, ["hub_commit 0", json.dumps({"sha": SHA})])],
+    "haproxy_api": [(_gateway_servers, ["server a100-1 op=2 admin=8 weight=100 scur=0",
+                                        "server h200-1 op=2 admin=0 weight=11 scur=3"])],
 }
 NOT_READ = {"gpu_return": "its exit status only", "health": "runs on the host; its textfile is host_status's prom lines"}
 

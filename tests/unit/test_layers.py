@@ -58,7 +58,7 @@ def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
 
 # The edge and the decision: pure, so plan, status, the deploy, rollout, rebuild and the gateway can
 # share them and a test can run them without pyinfra (issue 35). inputs is the gatherer's pure half.
-PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.secret", "nemofleet.spec", "nemofleet.inputs", "nemofleet.desired",
+PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.gateway", "nemofleet.gpu_classes", "nemofleet.secret", "nemofleet.spec", "nemofleet.inputs", "nemofleet.desired",
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
         "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
         "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import inputs, spec
-from . import driver, lock, rollout
+from . import driver, gateway, lock, rollout
 from .driver import FleetError
 
 SCAN_TIMEOUT = 20
@@ -102,7 +102,7 @@ def trust_host_key(hk: HostKey, host: str, accept: bool, expected: str | None, y
 
 def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host_key: str | None = None,
             yes: bool = False, window: float = 1200, data: dict | None = None, ttl: int = lock.DEFAULT_TTL,
-            log=print) -> dict[str, float]:
+            log=print, gateway_drain: bool = True) -> dict[str, float]:
     if len(driver.hosts(inventory, [host])) != 1:
         raise FleetError(f"rebuild takes one host; {host} matches several")
     stages: dict[str, float] = {}
@@ -115,13 +115,16 @@ def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host
     # other members join the run (they change nothing) and the head is gated before this host
     d = driver.host_data(inventory, [host]).get(host) or {}
     members = list(inputs.group_of(d)[1]) or [host]
-    with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held:
+    gw = gateway.Gateways(inventory, members, log, use=gateway_drain)  # drained there while it converges
+    with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held, gw:
         t = time.time()
         r = driver.run(inventory, members, "deploys/preflight.py", data=data, env=held.env(), timeout=900)
         stages["preflight"] = time.time() - t
         if r.rc:
             raise RebuildError(f"preflight refused {host}:\n" + "\n".join(
                 ln for ln in r.out.splitlines() if "refused" in ln or "rror" in ln))
+        gw.check(members)
+        gw.drain(members)
         t = time.time()
         r = driver.run(inventory, members, rollout.DEPLOY, data={**(data or {}), "wait_ready": "false"},
                        env=held.env(), timeout=window + rollout.DEPLOY_SLACK)

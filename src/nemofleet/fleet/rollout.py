@@ -10,6 +10,7 @@ release before the current one, which was never replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -22,7 +23,7 @@ from .. import canary as gate_math
 from .. import fanout, paths, remote, shell, spec
 from .. import hostcmd as commands
 from .. import lockinfo
-from . import driver, lock
+from . import driver, gateway, lock
 from .driver import FleetError
 
 DEPLOY = "deploys/nemotron.py"
@@ -450,12 +451,12 @@ def _now() -> float:
 
 
 def bake(session, batch: list[str], baseline: list[str], own, seconds: float, slo, log,
-         clock=None, sleep=None, poll: float = BAKE_POLL) -> dict:
+         clock=None, sleep=None, poll: float = BAKE_POLL, windows=None) -> dict:
     """Watch the batch (and the baseline hosts, over the same window) for `seconds`: a breach ends
     it at once; thin traffic with on_thin "wait" extends it by up to `seconds` more. `own` is the
     (figures, description) used when `baseline` is empty. Returns the batch's gate record."""
     clock, sleep = clock or _now, sleep or time.sleep
-    cw, bw = gate_math.Window(), gate_math.Window()
+    cw, bw = windows or (gate_math.Window(), gate_math.Window())  # the canary steps share theirs
     t0 = clock()
     while True:
         readings = read_metrics(session, batch + baseline)
@@ -489,10 +490,37 @@ def bake(session, batch: list[str], baseline: list[str], own, seconds: float, sl
             "verdict": "pass" if v.state == "pass" else "fail", "slo": v.slo, "reason": v.reason}
 
 
-def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window: float, log, session=None) -> None:
+def _bake_steps(session, gw, baked: list[str], base: list[str], own, seconds: float, slo, log,
+                steps: tuple[float, ...], n_canary: int, weights: dict) -> dict:
+    """The bake. A canary behind a gateway bakes at each share of `steps` in turn (its weight set
+    before each step, the first set by its deploy), each step judged over one window for the whole
+    bake, with the canary's minimum requests scaled to its weight; once all passed, full weight."""
+    if not steps:
+        return bake(session, baked, base, own, seconds, slo, log)
+    windows, done, record = (gate_math.Window(), gate_math.Window()), [], {}
+    for i, share in enumerate(steps):
+        w = weights.get(baked[0], gateway.FULL) if i == 0 else gw.ready(baked, share, n_canary)
+        step = dataclasses.replace(slo, canary_min=gateway.min_requests(slo.min_requests, w))
+        log(f"  canary step {i + 1}/{len(steps)}: {100 * share:g}% of the gateway's requests (weight {w} of "
+            f"{gateway.FULL}), judged once it served {step.canary_min} requests")
+        record = bake(session, baked, base, own, seconds, step, log, windows=windows)
+        done.append({"share": share, "weight": w, "seconds": record["seconds"], "verdict": record["verdict"],
+                     "canary_requests": record["canary_figures"]["requests"]})
+        if record["verdict"] != "pass":
+            break
+    else:
+        gw.ready(baked)
+    return {**record, "seconds": round(sum(s["seconds"] for s in done), 1), "steps": done}
+
+
+def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window: float, log, session=None,
+                     gw=None) -> None:
     """The hosts of a batch that passed health but failed its bake (or was interrupted) go back to
-    the release they replaced: rollback path of a failed gate, all at once, each gated again."""
+    the release they replaced: rollback path of a failed gate, all at once, each gated again
+    (drained at the gateway meanwhile)."""
     todo = [r for r in results if r.old]
+    if gw and todo:
+        gw.drain([r.host for r in todo])
     with ticking(log, f"{', '.join(r.host for r in todo)}: rolling back"), \
             ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
         back = list(pool.map(lambda r: rollback_host(inventory, r.host, expect=r.old, window=window), todo))
@@ -501,6 +529,8 @@ def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window
         res.result = "rolled back" if ok and good else "failed, rollback failed"
         res.detail = f"{why}; {text}"
         res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+    if gw and todo:
+        gw.ready([r.host for r in todo])
 
 
 def _open_session(inventory: str, hosts: list[str], log):
@@ -514,7 +544,8 @@ def _open_session(inventory: str, hosts: list[str], log):
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print, bake_seconds: float = 0, slo: "gate_math.Slo | None" = None,
-            pause_after_canary: bool = False, ask=None) -> Outcome:
+            pause_after_canary: bool = False, ask=None, gateway_drain: bool = True,
+            canary_steps: tuple[float, ...] = (0.10,)) -> Outcome:
     """Batches of deploy units (a host, or a multi-node serving group counted as one): canary
     first, each gated on health, then (bake_seconds > 0) baked: its request metrics compared with
     the baseline's over the same window (nemofleet.canary's rule), a breach rolling the batch back
@@ -523,7 +554,10 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
     from a host that holds it (or is fetching it) in a tree.
     Ctrl-C: the deploys in flight end (pyinfra gets the same signal from the terminal), every host
     of that batch the deploy changed goes back to its release, the lock is released, and the
-    outcome says halted ("interrupted"): the CLI exits 130."""
+    outcome says halted ("interrupted"): the CLI exits 130.
+    With a gateway (group `gateway`), each batch is drained there before it changes and set ready
+    after its gate; the canary bakes at the shares `canary_steps` (fractions of the gateway's
+    requests), each judged (fleet/gateway.py, docs/gateway.md)."""
     slo = slo or gate_math.Slo()
     hosts = driver.serving_hosts(inventory, limit)
     units = driver.group_units(inventory, hosts)
@@ -542,10 +576,15 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
             fan.holders[h] = fanout.parse_holders(e.lines(), fan.dirs)
     reachable = [h for h in hosts if by_host[h].result != "unreachable"]
     failures = len(hosts) - len(reachable)
+    gw = gateway.Gateways(inventory, reachable, log, use=gateway_drain)  # refuses here when it does not answer
+    if canary and bake_seconds > 0 and not gw:
+        log("  the canary takes a full host's share of the requests: no gateway drains and weighs hosts here "
+            "(traffic cannot be shifted by weight)")
     session = _open_session(inventory, reachable, log)
     start = read_metrics(session, reachable) if session is not None and bake_seconds > 0 else {}
     try:
         with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
+            gw.check(reachable)
             for n, group in enumerate(plan):
                 label = "canary" if canary and n == 0 else f"batch {n + (0 if canary else 1)}"
                 log(f"{label}: {', '.join(group)}")
@@ -561,11 +600,19 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 # what each host runs before its deploy, over the kept connections: Ctrl-C's rollback needs it
                 pre = _releases(session, group) if session is not None else {}
 
+                is_canary = bool(canary and n == 0 and bake_seconds > 0 and gw)
+
                 def one(u):
                     # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
                     extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
-                    return _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
+                    done = _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
+                    # back at the gateway: a canary at its first step's share, any other host at full weight
+                    ok = all(r.result == "ok" for r in done)
+                    weights[u[0]] = gw.ready(u, canary_steps[0] if is_canary and ok else None, len(group))
+                    return done
+                weights: dict = {}
                 try:
+                    gw.drain(group)
                     with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
                         for done in pool.map(one, todo):
                             for res in done:
@@ -577,7 +624,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                                     # its deploy verified the weights (the check wrote the marker): a source now
                                     fan.holders.setdefault(res.host, set()).add(fan.wants[res.host])
                 except KeyboardInterrupt:
-                    _interrupted(inventory, outcome, group, pre, window, log, session)
+                    _interrupted(inventory, outcome, group, pre, window, log, session, gw)
                     return outcome
                 if failures > max_failures:
                     outcome.halted = True
@@ -592,9 +639,10 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     log(f"  baking {', '.join(baked)} for {bake_seconds:.0f}s against "
                         f"{', '.join(base) if base else own[1] if own else ''}")
                     try:
-                        record = bake(session, baked, base, own, bake_seconds, slo, log)
+                        record = _bake_steps(session, gw, baked, base, own, bake_seconds, slo, log,
+                                             canary_steps if is_canary else (), len(group), weights)
                     except KeyboardInterrupt:
-                        _interrupted(inventory, outcome, group, pre, window, log, session)
+                        _interrupted(inventory, outcome, group, pre, window, log, session, gw)
                         return outcome
                     except Exception as exc:  # noqa: BLE001 - a gate that cannot judge fails closed: roll back
                         none = gate_math.Figures().as_dict()
@@ -613,7 +661,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     if record["verdict"] != "pass":
                         _roll_back_batch(inventory, [by_host[h] for h in baked],
                                          f"canary gate: {record['slo'] or 'SLO'} broken: {record['reason']}",
-                                         window, log, session)
+                                         window, log, session, gw)
                         outcome.halted = True
                         outcome.reason = f"{label} broke the SLO ({record['reason']}): rolled back, rollout halted"
                         break
@@ -626,13 +674,14 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                     if choice != "promote":
                         _roll_back_batch(inventory, [by_host[h] for h in group if by_host[h].result == "ok"],
                                          f"aborted by the operator after the canary ({choice or 'no answer'})",
-                                         window, log, session)
+                                         window, log, session, gw)
                         outcome.halted = True
                         outcome.reason = "aborted after the canary: the canary rolled back"
                         break
     finally:
         if session is not None:
             session.close()
+        gw.__exit__(None, None, None)  # a host this run drained and did not set ready again is set ready
     return outcome
 
 
@@ -646,7 +695,7 @@ def _releases(session, hosts: list[str]) -> dict[str, str | None]:
 
 
 def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, window: float, log,
-                 session) -> None:
+                 session, gw=None) -> None:
     """Ctrl-C during a batch: further Ctrl-C is ignored while every host of that batch that the
     deploy changed goes back to its release (the hosts the deploy never touched stay as they are)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -663,7 +712,9 @@ def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, 
                 changed.append(res)
             elif res.result == "not reached":
                 res.result, res.detail = "not reached", "interrupted before its deploy finished; unchanged"
-        _roll_back_batch(inventory, changed, "interrupted (Ctrl-C)", window, log, session)
+        _roll_back_batch(inventory, changed, "interrupted (Ctrl-C)", window, log, session, gw)
+        if gw:
+            gw.ready(group)  # the hosts of the batch its deploy never changed too
         outcome.halted = outcome.interrupted = True
         outcome.reason = f"interrupted (Ctrl-C) during the batch {', '.join(group)}: it was rolled back"
     finally:
@@ -671,14 +722,18 @@ def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, 
 
 
 def rollback(inventory: str, limit: list[str] | None = None, window: float = 1200, ttl: int = lock.DEFAULT_TTL,
-             log=print) -> Outcome:
-    """Return hosts, one at a time, to the release kept before their current one."""
+             log=print, gateway_drain: bool = True) -> Outcome:
+    """Return hosts, one at a time, to the release kept before their current one (each drained at
+    the gateway meanwhile, when the inventory has one)."""
     hosts = driver.serving_hosts(inventory, limit)
     units = driver.group_units(inventory, hosts)
     outcome = Outcome()
-    with lock.with_lock(inventory, hosts, f"rollback by {driver.operator()}", ttl, log=log):
+    gw = gateway.Gateways(inventory, hosts, log, use=gateway_drain)
+    with lock.with_lock(inventory, hosts, f"rollback by {driver.operator()}", ttl, log=log), gw:
+        gw.check(hosts)
         for unit in units:  # a serving group's members together, then its head gated first
             t0 = time.time()
+            gw.drain(unit)
             done = [HostResult(h, old=(read_state(inventory, h) or HostState(None, None)).release) for h in unit]
             with ThreadPoolExecutor(max_workers=len(unit)) as pool:
                 back = list(pool.map(lambda h: rollback_host(inventory, h, window=window), unit))
@@ -688,5 +743,6 @@ def rollback(inventory: str, limit: list[str] | None = None, window: float = 120
                 res.result, res.detail, res.seconds = ("ok" if good else "failed"), detail, time.time() - t0
                 audit(inventory, res.host, "rollback", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
                 outcome.results.append(res)
+            gw.ready(unit)
     outcome.halted = any(r.result != "ok" for r in outcome.results)
     return outcome

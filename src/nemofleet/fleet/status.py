@@ -11,7 +11,7 @@ from .. import hostcmd as commands
 from .. import inputs, render
 from ..spec import to_resolve
 from ..valuetypes import host_number, host_time, reads_host
-from . import driver
+from . import driver, gateway
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} ([01])$')
 _LAST = re.compile(r'nemofleet_vllm_last_success_timestamp_seconds\{instance="([^"]+)"\} (\S+)')
@@ -184,4 +184,7 @@ def status(inventory: str, limit: list[str] | None = None) -> list[HostStatus]:
         r.record = _record(answers[h])
         r.planned_record = _record(["release " + ln for ln in render.release_record(want.plan).splitlines()]
                                    if want.ok and want.plan else [])
+    drained = gateway.status_lines(inventory, list(result)) if result else {}  # held out at a gateway (issue 49)
+    for h, lines in drained.items():
+        result.get(h, next(iter(result.values()))).lines += lines
     return list(result.values())

@@ -57,12 +57,12 @@ def _text(name: str) -> str:
 def source(name: str) -> str:
     """The text of the program `name` (a file of this package, e.g. "weights_check"), the prelude
     before it unless it is BARE; the prelude's deadline and HTTP part only when it calls
-    http_request (a third of the prelude's compile, on every no-op's models_on_disk)."""
+    http_request or deadline (a third of the prelude's compile, on every no-op's models_on_disk)."""
     text = _text(name)
     if name in BARE:
         return text
     prelude = _text("_prelude")
-    if "http_request(" not in text:
+    if "http_request(" not in text and "deadline(" not in text:
         prelude = prelude[:prelude.index(HTTP_PART)] + "# ---- the program\n"
     if text.startswith("#!"):
         shebang, text = text.split("\n", 1)
