@@ -38,11 +38,12 @@ def nemofleet(*args, env=None, timeout=600):
     return r.returncode, r.stdout + r.stderr
 
 
-def start_deploy(env: dict) -> subprocess.Popen:
-    """A plain deploy of HOST in the background (conftest.pyinfra's command)."""
+def start_deploy(env: dict, data: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A plain deploy of HOST in the background (conftest.pyinfra's command), with `--data` items."""
     e = dict(os.environ, NEMOFLEET_TESTBED_HOSTS=HOST, **env)
     e.pop("NEMOFLEET_LOCK_TOKEN", None)
-    return subprocess.Popen([PYINFRA, "-y", INV, "deploys/nemotron.py"], cwd=ROOT, env=e, text=True,
+    extra = [arg for item in data for arg in ("--data", item)]
+    return subprocess.Popen([PYINFRA, "-y", INV, "deploys/nemotron.py", *extra], cwd=ROOT, env=e, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -103,14 +104,20 @@ def test_two_plain_deploys_started_at_once_one_holds_the_other_is_refused(host):
     before its first change with the winner's name."""
     drift()
     on(HOST, f"iptables -I {DROP}")
-    runs = {name: start_deploy({"NEMOFLEET_OPERATOR": name}) for name in ("gina", "hank")}
+    # each run also wants a health schedule of its own: whichever runs second still has a change to
+    # make after the first made its own (else, started a little later, it could find the units the
+    # winner already rewrote and have nothing to change), so it must meet the winner's lock
+    schedule = {"gina": "*/2 * * * *", "hank": "*/3 * * * *"}
+    runs = {name: start_deploy({"NEMOFLEET_OPERATOR": name}, (f"health_schedule={schedule[name]}",))
+            for name in ("gina", "hank")}
+    winner, outs = None, {}
     try:
         end = time.time() + 600
         while not lock_info() and time.time() < end:
             time.sleep(0.5)
         winner = lock_info()["holder"].split("@")[0]
         loser = "hank" if winner == "gina" else "gina"
-        out = runs[loser].communicate(timeout=600)[0]
+        out = outs[loser] = runs[loser].communicate(timeout=600)[0]
         lost = Run(subprocess.CompletedProcess([], runs[loser].returncode, out, ""))
         assert lost.rc != 0 and lost.changed() == [], out[-4000:]
         assert re.search(rf"nemofleet refused {HOST}: this host is locked by {winner}@\S+ since \S+ "
@@ -118,8 +125,10 @@ def test_two_plain_deploys_started_at_once_one_holds_the_other_is_refused(host):
         assert lock_info()["holder"].startswith(winner + "@")
     finally:
         on(HOST, f"iptables -D {DROP}", check=False)
-    out = runs[winner].communicate(timeout=900)[0]
-    assert runs[winner].returncode == 0 and "deploy lock released" in out, out[-4000:]
+        # both runs end here, whatever was asserted: a winner left running would hold the lock into
+        # the next test
+        outs.update({name: proc.communicate(timeout=900)[0] for name, proc in runs.items() if name not in outs})
+    assert runs[winner].returncode == 0 and "deploy lock released" in outs[winner], outs[winner][-4000:]
     assert not lock_info()
 
 
