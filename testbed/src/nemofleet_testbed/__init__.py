@@ -191,7 +191,7 @@ def start_mirror(state: dict) -> None:
     if _reuse_mirror(MIRROR, hf):
         return
     src = Path(__file__).parent / "hfmirror.py"
-    docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK, "-p", f"127.0.0.1::{MIRROR_PORT}",
+    docker("run", "-d", "--name", MIRROR, "--label", LABEL, "--network", NETWORK, "-p", f"127.0.0.1:{local_port(1)}:{MIRROR_PORT}",
            "--network-alias", MIRROR_ALIAS, "-v", f"{hf}:/srv/hf", "-v", f"{src}:/opt/hfmirror.py:ro",
            state["host_image"], "python3", "/opt/hfmirror.py", "--root", "/srv/hf/repos",
            "--port", str(MIRROR_PORT), "--log", "/srv/hf/requests.log")
@@ -202,8 +202,16 @@ def start_pkg_mirror(state: dict) -> None:
     if _reuse_mirror(PKG_MIRROR, testbed_dir() / "apt" / "repo"):
         return
     docker("run", "-d", "--name", PKG_MIRROR, "--label", LABEL, "--network", NETWORK,
-           "-p", f"127.0.0.1::{PKG_MIRROR_PORT}", "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
+           "-p", f"127.0.0.1:{local_port(2)}:{PKG_MIRROR_PORT}", "--network-alias", PKG_MIRROR_ALIAS, "-v", f"{testbed_dir() / 'apt' / 'repo'}:/srv/repo:ro",
            state["host_image"], "python3", "-m", "http.server", str(PKG_MIRROR_PORT), "--directory", "/srv/repo")
+
+
+def local_port(n: int) -> int:
+    """The controller's port of mirror `n` (1: the Hub, 2: packages): fixed, 25 + n above this
+    testbed's port base (its hosts take the ports from the base up), so that a mirror stopped and
+    started again by a test keeps the URL the group data names (an ephemeral port changes on every
+    start: test_9_bundle's bundle create then found nothing on the port test_2 had left in the state)."""
+    return int(os.environ.get("NEMOFLEET_TESTBED_PORT_BASE", "22201")) + 25 + n
 
 
 def local_url(name: str, port: int) -> str | None:
