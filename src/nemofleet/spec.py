@@ -219,13 +219,6 @@ def peer_address(name: str, data: Mapping) -> str:
     return name
 
 
-def settings_of(data) -> settings_mod.Settings:
-    """Host data (or Settings, as they are) -> Settings; raises SettingsError with one sentence per
-    bad key. The one caller of settings.parse: `read` for a host, and the planner's own entry
-    points (plan.make_plan and preflight.check take host data in their tests and tools)."""
-    return data if isinstance(data, settings_mod.Settings) else settings_mod.parse(data)
-
-
 def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpec:
     """One host's spec: secrets typed first, then the settings parsed once; `groups` as pyinfra
     lists them; `command_line`: what pyinfra's --data gave ({key: value}, or the keys): a secret
@@ -244,7 +237,7 @@ def read(name: str, data: Mapping | None, groups=(), command_line=()) -> HostSpe
     given = command_line.items() if isinstance(command_line, Mapping) else ((k, None) for k in command_line)
     refusals += vt.coded("secret-on-command-line", [why for why in (settings_mod.command_line_secret(k, v) for k, v in given) if why])
     try:
-        s = settings_of(data)
+        s = settings_mod.parse(data)  # the one caller of the settings parser
     except settings_mod.SettingsError as exc:
         s = None
         refusals += vt.coded("settings", [p for p in exc.problems if p not in secrets.problems])
