@@ -8,9 +8,10 @@ A bundle is an uncompressed tar: `manifest.json` first, `manifest.json.sig` (ssh
 namespace NAMESPACE) second, then the parts, each listed in the manifest with its size, SHA-256,
 purpose and the hosts it serves. The signature covers the manifest, the manifest covers every
 byte: a reader checks the signature over a few KB, then each part's hash as it reads the part
-(`verify` reads them all; the deploy hashes the parts a host is about to take once per run before
-any change, checks each again on the host it lands on, and reads nothing of a part a host already
-has). Tar keeps each part's bytes contiguous at a known offset, so the deploy
+(`verify` reads them all; the deploy reads an image or a model's weights once per run, streaming
+it to the first host that takes it, hashing it on the way and again on that host, before anything
+changes on any host: `Staging`; the other hosts copy it from a peer. A part a host already has is
+never read). Tar keeps each part's bytes contiguous at a known offset, so the deploy
 streams a part to a host straight from the file (`Part`), never extracting it on the controller.
 
 Parts: `images/<id>.tar` (a `docker save` archive, identity: its image ID), `weights/<dir>/<file>`
@@ -69,12 +70,14 @@ def _size(n: int) -> str:
 
 class Part(io.RawIOBase):
     """The bytes of one part inside the bundle, as a file (pyinfra uploads it as it would a file):
-    opened at the first read, never before, so a host that needs nothing reads nothing."""
+    opened at the first read, never before, so a host that needs nothing reads nothing. Read from
+    its start to its end, it knows its SHA-256 (`sha256`): the upload is the check, no extra pass."""
 
     def __init__(self, path: str, offset: int, size: int):
         super().__init__()
-        self.path, self.offset, self.size, self.pos = path, offset, size, 0
+        self.path, self.offset, self.size, self.pos, self.hashed = path, offset, size, 0, 0
         self.f: BinaryIO | None = None
+        self.h = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -94,8 +97,15 @@ class Part(io.RawIOBase):
         n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
         f.seek(self.offset + self.pos)
         data = f.read(n)
+        if self.pos == self.hashed:  # the bytes in order from the start: hashed as they go
+            self.h.update(data)
+            self.hashed += len(data)
         self.pos += len(data)
         return data
+
+    def sha256(self) -> str | None:
+        """The SHA-256 of the bytes read, once every byte was read in order (else None)."""
+        return self.h.hexdigest() if self.hashed == self.size else None
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
@@ -284,26 +294,50 @@ def _part_problem(b: Bundle, name: str) -> str | None:
         return _hashed(b, name)
 
 
-def preflight(want, s, facts, toolkit=()) -> tuple[Bundle | None, list[Refusal]]:
+def preflight(want, s, facts, toolkit=(), dry: bool = False) -> tuple[Bundle | None, list[Refusal], list[str]]:
     """The deploy's bundle refusals for one host, before anything changes: a bad signature or
-    signer, a part its plan needs that the bundle lacks, or a part this host is about to take
-    (its image absent, its weights incomplete, its toolkit at another version) whose bytes do not
-    match the signed manifest. Each part is hashed once per run, and a converged host reads none.
-    Returns (the bundle, the refusals, each with the code "bundle")."""
+    signer, a part its plan needs that the bundle lacks, or a toolkit .deb this host is about to
+    take whose bytes do not match the signed manifest (hashed once per run; with `dry`, the
+    image and weights too, as nothing will be uploaded to check them). Returns (the bundle, the
+    refusals, each with the code "bundle", and the image and weights parts this host is about to
+    take: its image absent, its weights incomplete). A converged host reads no part."""
     b, why = for_host(s)
     if why or b is None:
-        return None, [Refusal(why, "bundle")] if why else []
+        return None, [Refusal(why, "bundle")] if why else [], []
     out = refusals(b, want, s, toolkit)
     if out:
-        return None, [Refusal(r, "bundle") for r in out]
-    names = [p["path"] for p in b.find("image", image=want.image)[:1]] if facts.image is None else []
+        return None, [Refusal(r, "bundle") for r in out], []
+    takes = [p["path"] for p in b.find("image", image=want.image)[:1]] if facts.image is None else []
     for d in want.downloads:
         m = facts.models.get(os.path.basename(d.directory.rstrip("/")))
         if not (m and m.complete):
-            names += [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision)]
+            takes += [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision)]
+    names = list(takes) if dry else []
     if s.install_container_toolkit and (facts.toolkit.version or "") != (s.container_toolkit_version or "").split("-")[0]:
         names += [p["path"] for p in b.find("package", version=s.container_toolkit_version)]
-    return b, [Refusal(why, "bundle") for why in (_part_problem(b, n) for n in names) if why][:1]
+    return b, [Refusal(why, "bundle") for why in (_part_problem(b, n) for n in names) if why][:1], takes
+
+
+class Staging:
+    """Which host of a run receives each image and each model's weights from the controller, and
+    what came of it. `takers`: {key: hosts about to take it}, from their preflights (a key is an
+    image part's name, or "weights REPO@COMMIT"; a host that copies from no peer has keys of its
+    own); `verdicts`: {key: (the host that received it, None or the sentence why it was refused)}.
+    The first host of the run that takes a key receives it (`first`), before anything changes on
+    any host; the others wait for its verdict and copy from a peer later (docs/air-gap.md)."""
+
+    def __init__(self) -> None:
+        self.takers: dict = {}
+        self.verdicts: dict = {}
+
+    def take(self, host: str, keys) -> None:
+        for k in keys:
+            self.takers.setdefault(k, set()).add(host)
+
+    def first(self, key, order, gone=()) -> str | None:
+        """The host that receives `key`: the first of `order` (the run's hosts) taking it that is
+        not `gone` (finished without a verdict: it failed before it could receive it)."""
+        return next((h for h in order if h in self.takers.get(key, ()) and h not in gone), None)
 
 
 def upload(b: Bundle, name: str) -> tuple[Part, str]:

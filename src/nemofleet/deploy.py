@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, TypeVar, cast
 
+import os
 import sys
 import time
 import weakref
@@ -100,6 +101,7 @@ class Run:
         # each host reads the same decision and no host reads another's facts for it
         active = set(state.active_hosts)
         self.fanout = fanout.for_run({h.name: self.specs[h.name] for h in hosts if h in active})
+        self.staging = bundle.Staging()  # which host receives each bundle part (docs/air-gap.md)
 
 
 _RUNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # {pyinfra State: Run}
@@ -149,16 +151,44 @@ def desired() -> Desired:
 def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
     i = host_inputs()
-    want = decide(i)
+    want, takes = decide(i), list[str]()
     if want.ok and i.settings is not None and i.settings.bundle:
-        # the bundle's signature, and the parts this host takes from it, checked before any change
-        b, why = bundle.preflight(want, i.settings, i.facts, bootstrap.TOOLKIT_PACKAGES)
+        # the bundle's signature and the parts it lacks checked now; the parts this host takes
+        # from it are received below, on one host of the run, before any change
+        b, why, takes = bundle.preflight(want, i.settings, i.facts, bootstrap.TOOLKIT_PACKAGES, preflight.dry_run())
         want = replace(want, refusals=[*want.refusals, *why], bundle=b)
     host.log(want.summary, logger.info)
     preflight.say_if_dry(want.refusals)
     runlock.exempt(preflight.verdict(name="Preflight: can this host serve its plan?", refusals=want.refusals,
                                      warnings=want.warnings))  # a refusal changes nothing: no lock for it
+    if want.ok and takes and want.bundle is not None and i.settings is not None:
+        b, root, units = want.bundle, i.settings.models_root, []
+        image = [n for n in takes if n.startswith("images/")]
+        for name, src, sha in _parts(b, image):  # (key, [(part, SHA-256, name)], commands, cleanup when refused)
+            at = _staged(root, name)
+            units.append((_key(name), [(src, sha, name)], docker.archive_commands(name, src, sha, at), f"rm -rf -- {at}"))
+        for d in want.downloads:
+            names = [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision) if p["path"] in takes]
+            parts = _parts(b, names, lambda p: b.parts[p]["file"])
+            if parts:
+                units.append((_key(f"weights {d.repo}@{d.revision}"), [(src, sha, n) for n, (_, src, sha) in zip(names, parts)],
+                              list(weights.from_bundle(d.directory, parts)), f"rm -rf -- {d.directory}"))
+        run().staging.take(host.name, [u[0] for u in units])
+        weights.bundle_received(name="Bundle: image and weights to the run's first host taking each (SHA-256 checked), "
+                                     "its verdict to the others", staging=run().staging, units=units)
+        want = replace(want, prune=[*want.prune, *(_staged(root, n) for n in image)])  # once every host loaded it
     return want
+
+
+def _key(what: str):
+    """A bundle part's key in the run's Staging: shared by the hosts of the fleet fan-out (one
+    receives it, the others copy from a peer), this host's own otherwise."""
+    return what if fanout.wanted(run().specs[host.name]) is not None else (what, host.name)
+
+
+def _staged(root: str, name: str) -> str:
+    """Where a host keeps a bundle's image archive while the run's hosts copy it from each other."""
+    return f"{root}/.nemofleet-{os.path.basename(name).removesuffix('.tar')}"
 
 
 # ---------------------------------------------------------------------------- stages
@@ -247,13 +277,34 @@ def _fetch_weights(want: Desired, carried: Carried, op=OPS) -> None:
     from it, nothing from a registry or mirror)."""
     b = want.bundle
     op.docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive,
-                    part=b and _parts(b, [b.find("image", image=want.image)[0]["path"]])[0])
+                    part=b and _image_part(b, b.find("image", image=want.image)[0]["path"]))
     for d in want.downloads:
         op.weights.model(name=f"Weights {d.repo}@{d.revision[:12]}", repo=d.repo, revision=d.revision,
                          directory=d.directory, image=want.image, endpoint=d.endpoint, token_file=d.token_file,
                          full_verify=d.full_verify, seed=d.seed, link_from=d.link_from,
                          parts=b and _parts(b, [p["path"] for p in b.find("weights", repo=d.repo, revision=d.revision)],
                                             lambda p: b.parts[p]["file"]))
+
+
+def _image_part(b, name: str) -> tuple:
+    """docker.image's `part`: the archive, where this host keeps it, and, asked at execution,
+    whether this host received it from the controller, else the peers it copies it from: the
+    fan-out tree (fanout.decide) from the host that received it, over the hosts that take it."""
+    s = run().specs[host.name].settings
+    assert s is not None  # a host that passed preflight
+    key, me, root, state = _key(name), host.name, s.models_root, host.state
+
+    def sources() -> tuple[bool, list | None]:
+        r = run()
+        first, why = r.staging.verdicts.get(key, (None, None))
+        if first == me:
+            return True, None
+        order = [h.name for h in state.inventory if h in state.active_hosts]
+        fan = fanout.decide([order], {h: key for h in order if h in r.staging.takers.get(key, ())},
+                            {first: {key}} if first and not why else {})
+        peers = fan.seed_from(me, r.fanout.address, start=fanout.SOURCE_START)
+        return False, peers and [{**p, "root": root} for p in peers]
+    return (name, *bundle.upload(b, name), _staged(root, name), sources)
 
 
 def _parts(b, names, rename=lambda name: name) -> list[tuple]:

@@ -161,3 +161,97 @@ def test_an_image_archive_is_identified_by_its_image_id_and_must_hold_the_tag(tm
     assert part["image_id"] == "sha256:" + "c" * 64 and part["path"] == "images/" + "c" * 16 + ".tar"
     with pytest.raises(bundle.BundleError, match="does not hold vllm/vllm-openai:v2"):
         create._image(stage, "vllm/vllm-openai:v2", str(archive), {"h1"})
+
+
+def test_a_part_read_in_order_knows_its_sha256(made):
+    import hashlib
+
+    out, _, _ = made
+    b = bundle.Bundle(str(out))
+    with b.part("images/abc.tar") as f:
+        f.read(7)
+        assert f.sha256() is None  # not every byte yet
+        f.seek(3)
+        f.read(100)  # a read out of order adds nothing
+        f.seek(7)
+        while f.read(64):
+            pass
+        assert f.sha256() == hashlib.sha256(b"image bytes" * 100).hexdigest() == b.parts["images/abc.tar"]["sha256"]
+
+
+def test_the_first_host_in_run_order_that_takes_a_part_receives_it():
+    st = bundle.Staging()
+    st.take("h3", ["img", ("w", "h3")])
+    st.take("h2", ["img"])
+    assert st.first("img", ["h1", "h2", "h3"]) == "h2"
+    assert st.first("img", ["h1", "h2", "h3"], gone={"h2"}) == "h3"
+    assert st.first(("w", "h3"), ["h1", "h2", "h3"]) == "h3" and st.first("other", ["h1"]) is None
+
+
+class _Host:
+    def __init__(self, name, log):
+        self.name, self.current_op_hash, self.log_ = name, "op", log
+
+    def put_file(self, src, dest):
+        src.seek(0)
+        while src.read(1 << 16):
+            pass
+        self.log_.append((self.name, "put", dest))
+        return True
+
+    def run_shell_command(self, c):
+        self.log_.append((self.name, "run", str(c)))
+        return True, SimpleNamespace(stderr="")
+
+    def log(self, line, _=None):
+        self.log_.append((self.name, "log", line))
+
+
+def _receive_on_all(b, hosts, takes):
+    """weights._receive run on each host at once (threads, as pyinfra's greenlets): the log of commands."""
+    import threading
+
+    from pyinfra.api import FileUploadCommand
+
+    from nemofleet.operations import weights
+
+    log: list = []
+    objs = {h: _Host(h, log) for h in hosts}
+    meta = {h: SimpleNamespace(operation_meta=SimpleNamespace(is_complete=lambda: False)) for h in hosts}
+    state = SimpleNamespace(inventory=[objs[h] for h in hosts], active_hosts=set(objs.values()),
+                            ops={objs[h]: {"op": meta[h]} for h in hosts})
+    st = bundle.Staging()
+    units = {}
+    for h in hosts:
+        parts = {n: b.part(n) for n in takes.get(h, [])}  # the file uploaded is the one hashed
+        units[h] = [(n, [(p, b.parts[n]["sha256"], n)], [FileUploadCommand(p, f"/m/{n}")], f"rm {n}")
+                    for n, p in parts.items()]
+        st.take(h, [u[0] for u in units[h]])
+    ok = {}
+    threads = [threading.Thread(target=lambda h=h: ok.__setitem__(h, weights._receive(state, objs[h], st, units[h])))
+               for h in reversed(hosts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return ok, log
+
+
+def test_each_part_crosses_once_and_a_changed_byte_stops_every_host(made):
+    out, _, _ = made
+    b = bundle.Bundle(str(out))
+    hosts = ["h1", "h2", "h3"]
+    takes = {"h1": ["weights/m@1/config.json"], "h2": ["images/abc.tar", "weights/m@1/config.json"],
+             "h3": ["images/abc.tar"]}
+    ok, log = _receive_on_all(b, hosts, takes)
+    assert ok == {h: True for h in hosts}
+    assert sorted((h, d) for h, what, d in log if what == "put") == [("h1", "/m/weights/m@1/config.json"),
+                                                                      ("h2", "/m/images/abc.tar")]
+    flip(out, b.members["images/abc.tar"][0] + 5)
+    ok, log = _receive_on_all(b, hosts, takes)
+    assert ok == {h: False for h in hosts}  # h1 takes no image, and still stops before any change
+    said = [line for _, what, line in log if what == "log"]
+    assert len(said) == 3 and all("images/abc.tar does not match its SHA-256 in the signed manifest" in s for s in said)
+    # what h1 and h2 received is removed again (h1's weights were good: it waited for the image's verdict)
+    assert sorted((h, c) for h, what, c in log if what == "run") == [("h1", "sh -c 'rm weights/m@1/config.json'"),
+                                                                      ("h2", "sh -c 'rm images/abc.tar'")]

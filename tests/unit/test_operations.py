@@ -29,8 +29,9 @@ from opharness import as_json, run
 
 ROOT = Path(__file__).resolve().parents[1] / "operations"
 CASES = sorted(ROOT.glob("*.*/*.json"))
-# declared is_idempotent=False: always a change, run only under _if= (so no no-op case)
-ALWAYS_CHANGE = {"units.daemon_reload", "reboot.reboot_and_wait"}
+# declared is_idempotent=False: always a change, run only under _if= or when the deploy decided it
+# changes something (a bundle's parts this host takes), so no no-op case
+ALWAYS_CHANGE = {"units.daemon_reload", "reboot.reboot_and_wait", "weights.bundle_received"}
 
 
 def load_op(dirname: str):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
 from ..facts.docker import ContainerNetworks, ImageInfo, Networks
+from ..facts.weights import MARKER
 from ..facts.prefetch import fact
 from .. import shell
-from . import cmd, fail_command, reads_with
+from . import cmd, fail_command, reads_with, weights
 
 
 # A vLLM image is ~10-20 GB: an hour covers a slow mirror; past that the pull is stuck, and a
@@ -32,40 +33,81 @@ def attached_reads(containers) -> tuple:
     return ContainerNetworks, {"names": tuple(sorted(containers))}
 
 
+ARCHIVE = "image.tar"
+
+
+def _verified(sha: str, directory: str) -> str:
+    """A shell condition: the archive in `directory` matches its SHA-256 (then marked: a source for others)."""
+    return (f"{{ echo {shell.quote(sha + '  ' + directory + '/' + ARCHIVE)} | timeout 3600 sha256sum -c --quiet "
+            f">/dev/null 2>&1 && touch {shell.quote(directory + '/' + MARKER)}; }}")
+
+
+def archive_unless_copied(state, host, name: str, src, sha: str, directory: str) -> bool:
+    """The bundle's image archive from the controller only when no peer's copy left it here."""
+    return weights.unless_verified(host, _verified(sha, directory), archive_commands(name, src, sha, directory))
+
+
+def archive_commands(name: str, src, sha: str, directory: str) -> list:
+    """A bundle's image archive into `directory` (under the models root, where the fleet seed key's
+    read-only rsync reaches it), checked there against its SHA-256, then marked as a verified copy."""
+    tar = f"{directory}/{ARCHIVE}"
+    return [cmd("mkdir", "-p", "--", directory), cmd("rm", "-f", "--", f"{directory}/{MARKER}"),
+            FileUploadCommand(src, tar),
+            StringCommand("sh", "-c", shell.quote(shell.sha256_check(tar, sha, f"the bundle's part {name}")
+                                                  + " && touch " + shell.quote(f"{directory}/{MARKER}")))]
+
+
 @reads_with(lambda ref, **_: image_reads(ref))
 @operation(is_idempotent=True)
 def image(ref: str, archive: str | None = None, part: tuple | None = None):
     """Make `ref` present: `docker load` from a local archive (air-gapped hosts) or from a part of
-    a signed bundle, `part` = (name, file, SHA-256), checked on the host before it is loaded, or
-    `docker pull` (through the registry mirror). A present image is never pulled again."""
+    a signed bundle, `part` = (name, file, SHA-256, directory, sources), or `docker pull` (through
+    the registry mirror). A present image is never pulled again. A bundle's archive reaches one
+    host of the run from the controller (weights.bundle_received); `sources()` says at execution
+    whether this host is that one, else the peers it copies the archive from (rsync with the fleet
+    seed key, waiting for a source still copying, as the weights do: docs/fanout.md); the
+    controller's copy is the last resort. Each copy is checked against the SHA-256 and kept in
+    `directory` for the hosts after it until the deploy prunes it."""
     if fact(*image_reads(ref)) is not None:
         host.noop(f"image {ref} is present")
         return
     q = shell.quote
-    if part or archive:
-        archive = os.path.expanduser(archive) if archive else None  # a controller path: settings take ~ (HOME_PATH)
-        if not part and not os.path.isfile(archive or ""):
+    if part:
+        name, src, sha, directory, *sources = part
+        first, peers = sources[0]() if sources else (False, None)
+        if not first:
+            if peers:
+                yield StringCommand("sh", "-c", q("\n".join([f"mkdir -p {q(directory)}", *weights.seed_lines(
+                    peers, directory, "", verified=_verified(sha, directory))])))
+            yield FunctionCommand(archive_unless_copied, (name, src, sha, directory), {})
+        yield _load(ref, f"{directory}/{ARCHIVE}", name)
+        return
+    if archive:
+        archive = os.path.expanduser(archive)  # a controller path: settings take ~ (HOME_PATH)
+        if not os.path.isfile(archive):
             yield fail_command(f"vllm_image_archive {archive} does not exist on the controller")
             return
-        name, src, sha = part or (archive, archive, None)
-        archive = name  # as the sentences below name it
         # one name per archive (the deploy lock keeps two runs off one host), removed either way
         tmp = f"/var/tmp/nemofleet-image-{os.path.basename(archive)}"
-        yield FileUploadCommand(src, tmp, remote_temp_filename=tmp)
-        if sha:
-            yield StringCommand("sh", "-c", q(shell.sha256_check(tmp, sha, f"the bundle's part {name}")))
-        yield StringCommand("sh", "-c", q(
-            f"timeout {LOAD_TIMEOUT} docker load -q -i {q(tmp)} >/dev/null; rc=$?; rm -f {q(tmp)}; "
-            f"[ $rc -ne 124 ] || {shell.fail(f'docker load of {archive} did not finish within {LOAD_TIMEOUT} s')}; "
-            f"[ $rc -eq 0 ] || {shell.fail(f'docker load of {archive} failed')}; "
-            f"timeout 30 docker image inspect {q(ref)} >/dev/null 2>&1 || "
-            f"{shell.fail(f'the archive {os.path.basename(archive)} does not contain {ref}')}"))
+        yield FileUploadCommand(archive, tmp, remote_temp_filename=tmp)
+        yield _load(ref, tmp, archive, f"rm -f {q(tmp)}; ")
         return
     yield StringCommand("sh", "-c", q(
         f"timeout {PULL_TIMEOUT} docker pull -q {q(ref)} >/dev/null; rc=$?; "
         f"[ $rc -ne 124 ] || {shell.fail(f'docker pull {ref} did not finish within {PULL_TIMEOUT} s: check the registry mirror')}; "
         f"[ $rc -eq 0 ] || "
         + shell.fail(f"docker pull {ref} failed: check registry-mirrors in /etc/docker/daemon.json and the host network")))
+
+
+def _load(ref: str, path: str, what: str, then: str = "") -> StringCommand:
+    """`docker load` of the archive at `path` on the host (`then` runs after it either way)."""
+    q = shell.quote
+    return StringCommand("sh", "-c", q(
+        f"timeout {LOAD_TIMEOUT} docker load -q -i {q(path)} >/dev/null; rc=$?; {then}"
+        f"[ $rc -ne 124 ] || {shell.fail(f'docker load of {what} did not finish within {LOAD_TIMEOUT} s')}; "
+        f"[ $rc -eq 0 ] || {shell.fail(f'docker load of {what} failed')}; "
+        f"timeout 30 docker image inspect {q(ref)} >/dev/null 2>&1 || "
+        f"{shell.fail(f'the archive {os.path.basename(what)} does not contain {ref}')}"))
 
 
 @reads_with(lambda wanted, **_: networks_reads(wanted))

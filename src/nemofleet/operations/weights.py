@@ -5,11 +5,11 @@ verify offline, resume by re-fetching only what is missing or truncated, never r
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
+import time
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
 from .. import paths, remote, shell
@@ -56,19 +56,26 @@ def slug(directory: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", directory.rstrip("/").rsplit("/", 1)[-1])[:80]
 
 
-def seed_lines(seed: dict | list, directory: str, revision: str) -> list[str]:
+def weights_ok(directory: str, revision: str) -> str:
+    """A shell condition: the weights in `directory` are complete and of this commit (HF metadata)."""
+    return (f"{{ st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
+            "echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; }")
+
+
+def seed_lines(seed: dict | list, directory: str, revision: str, verified: str | None = None) -> list[str]:
     """Copy the weights from a peer that has them complete (rsync over SSH); on any failure,
     fall back to the mirror. The completion marker is not copied: this host verifies itself.
     Several peers (a list: the fleet fan-out's sources, docs/fanout.md) are tried in order until
-    one copy is complete and of this commit; each resumes what the one before left (--partial)."""
+    one copy is complete and of this commit; each resumes what the one before left (--partial).
+    `verified`: the shell condition a copy must pass instead (a bundle's image archive: its SHA-256)."""
     peers = seed if isinstance(seed, list) else [seed]
-    return [line for peer in peers for line in _seed_lines(peer, directory, revision)] + [
+    return [line for peer in peers for line in _seed_lines(peer, directory, verified or weights_ok(directory, revision))] + [
         # no peer had it: a file a copy left half-written (its metadata copied with it) is removed,
         # so that `hf download` fetches it rather than trusting the metadata
-        f"{check_command(directory, revision, 'clean')} >/dev/null 2>&1 || true"]
+        f"{check_command(directory, revision, 'clean')} >/dev/null 2>&1 || true" if not verified else "true"]
 
 
-def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
+def _seed_lines(seed: dict, directory: str, verified: str) -> list[str]:
     q = shell.quote
     ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
            f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
@@ -103,9 +110,7 @@ def _seed_lines(seed: dict, directory: str, revision: str) -> list[str]:
     return [
         *lines,
         # the peer's files count only when they are complete AND of this commit (HF metadata)
-        f"st=$({check_command(directory, revision, 'check')} 2>/dev/null || true); "
-        "if echo \"$st\" | grep -q '\"commit_ok\": true' && echo \"$st\" | grep -q '\"complete\": true'; then "
-        "echo 'peer copy is complete and of this commit: no download needed'; exit 0; fi",
+        f"if {verified}; then echo 'peer copy is verified: no download needed'; exit 0; fi",
     ]
 
 
@@ -241,9 +246,8 @@ def model(repo: str, revision: str, directory: str, image: str, endpoint: str | 
         if seed:  # a fan-out target (docs/fanout.md): from a peer of this run, the bundle only if none had it
             yield StringCommand("sh", "-c", shell.quote("\n".join(
                 [f"mkdir -p {shell.quote(directory)}", *seed_lines(seed, directory, revision)])))
-            yield FunctionCommand(bundle_unless_seeded, (directory, revision, parts), {})
-        else:
-            yield from from_bundle(directory, parts)
+        # the first host of the run received them before any change (bundle_received)
+        yield FunctionCommand(bundle_unless_seeded, (directory, revision, parts), {})
         yield check_command(directory, revision, "write")
         return
     files: list[str] = []
@@ -264,7 +268,8 @@ BUNDLE_SUMS = ".cache/nemofleet-bundle.sha256"
 
 def from_bundle(directory: str, parts: list):
     """Each file of the weights from the bundle into `directory`, then every one checked on the
-    host against its SHA-256 in the signed manifest (the weights check then writes the marker)."""
+    host against its SHA-256 in the signed manifest (the weights check then writes the marker);
+    a directory that fails it is removed."""
     yield cmd("mkdir", "-p", "--", *sorted({os.path.dirname(f"{directory}/{rel}") for rel, _, _ in parts}))
     for rel, src, _ in parts:
         yield FileUploadCommand(src, f"{directory}/{rel}")
@@ -273,29 +278,83 @@ def from_bundle(directory: str, parts: list):
     q = shell.quote
     yield StringCommand("sh", "-c", q(
         f"cd {q(directory)} && timeout 3600 sha256sum -c --quiet {BUNDLE_SUMS} >/dev/null 2>&1; rc=$?; "
-        f"rm -f {BUNDLE_SUMS}; [ $rc -eq 0 ] || "
+        f"rm -f {BUNDLE_SUMS}; [ $rc -eq 0 ] || {{ rm -rf -- {q(directory)}; "
         + shell.fail(f"the weights from the bundle arrived changed in {directory}: a file's SHA-256 does not match "
-                     "the signed manifest")))
+                     "the signed manifest") + "; }"))
 
 
-def bundle_unless_seeded(state, host, directory: str, revision: str, parts: list) -> bool:
-    """At execution time: the bundle's files (from_bundle) only when the copy from a peer left
-    the weights incomplete or not of this commit, so a fleet's weights cross the controller's link
-    once (to the fan-out's first host), not once per host."""
-    _, out = host.run_shell_command(StringCommand(check_command(directory, revision, "check")))
-    try:
-        st = json.loads(out.stdout or "{}")
-    except ValueError:
-        st = {}
-    if isinstance(st, dict) and st.get("complete") and st.get("commit_ok"):
-        return True
-    for c in from_bundle(directory, parts):
+def _run(host, commands) -> str | None:
+    """Run FileUploadCommands and StringCommands on `host` now; None, or why one failed."""
+    for c in commands:
         if isinstance(c, FileUploadCommand):
             ok, out = host.put_file(c.src, c.dest), None
         else:
             ok, out = host.run_shell_command(c)
         if not ok:
-            host.log((out.stderr if out is not None else "") or f"could not place the bundle's weights in {directory}")
+            return ((out.stderr if out is not None else "") or "").strip() or "an upload from the controller failed"
+    return None
+
+
+def unless_verified(host, verified: str, commands) -> bool:
+    """At execution time: `commands` (a bundle's files from the controller) only when the shell
+    condition `verified` fails, i.e. no peer's copy (and no earlier receipt) left them here, so a
+    fleet's parts cross the controller's link once, not once per host."""
+    ok, _ = host.run_shell_command(StringCommand("sh", "-c", shell.quote(verified)))
+    why = None if ok else _run(host, commands)
+    if why:
+        host.log(why, logger.error)
+    return why is None
+
+
+def bundle_unless_seeded(state, host, directory: str, revision: str, parts: list) -> bool:
+    """The bundle's weights (from_bundle) only when neither a peer's copy nor the run's first
+    receipt (bundle_received) left them complete and of this commit."""
+    return unless_verified(host, weights_ok(directory, revision), from_bundle(directory, parts))
+
+
+# a host waiting for the first host's verdict on a part asks again after this many seconds
+VERDICT_POLL = 0.5
+
+
+@operation(is_idempotent=False)
+def bundle_received(staging, units: list):
+    """The image and the weights a run takes from a signed bundle, before anything else changes:
+    each `units` entry (key, [(part, its SHA-256)], commands that place and check it on the host,
+    cleanup when refused) is received by the first host of the run that takes it (its bytes hashed
+    on the controller as they are uploaded, and on the host), and every other host that takes it
+    waits for that verdict: a changed byte refuses every host before anything changes."""
+    yield FunctionCommand(_receive, (staging, units), {})
+
+
+def _receive(state, host, staging, units) -> bool:
+    """Receive the `units` this host is the first to take, then wait for the verdict on every part
+    of the run (its own first), so a changed byte stops each host before it changes anything."""
+    op, placed, mine = host.current_op_hash, [], {u[0]: u for u in units}
+    for key in [*mine, *(k for k in list(staging.takers) if k not in mine)]:
+        while key not in staging.verdicts:
+            active = [h for h in state.inventory if h in state.active_hosts]  # in the inventory's order
+            gone = {h.name for h in active if h.name != host.name and op in state.ops.get(h, {})
+                    and state.ops[h][op].operation_meta.is_complete()}
+            first = staging.first(key, [h.name for h in active], gone)
+            if first is None:  # every host that takes it is gone: no verdict will come
+                break
+            if first != host.name:
+                time.sleep(VERDICT_POLL)  # gevent's, under pyinfra: the other hosts run meanwhile
+                continue
+            _, parts, commands, cleanup = mine[key]
+            placed.append(cleanup)
+            why = _run(host, commands)
+            bad = [name for part, sha, name in parts if part.sha256() not in (None, sha)]
+            if bad:  # hashed on the controller as it was read for the upload: the bundle itself is changed
+                why = (f"the bundle's part {bad[0]} does not match its SHA-256 in the signed manifest (a changed or "
+                       "damaged byte): refused")
+            staging.verdicts[key] = (host.name, why)
+        first, why = staging.verdicts.get(key, (None, None))
+        if why:  # what this host received is removed again: nothing changed here
+            if placed:
+                host.run_shell_command(StringCommand("sh", "-c", shell.quote("; ".join(placed))))
+            host.log(why if first == host.name else f"{why} (on {first}, the first host of this run that takes it; "
+                     "nothing changed here)", logger.error)
             return False
     return True
 
