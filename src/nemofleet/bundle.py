@@ -328,6 +328,7 @@ class Staging:
 
     def __init__(self) -> None:
         self.takers: dict = {}
+        self.started: set = set()  # the hosts that began receiving or waiting
         self.verdicts: dict = {}
 
     def take(self, host: str, keys) -> None:

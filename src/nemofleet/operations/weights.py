@@ -12,7 +12,7 @@ import time
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand, operation
 
-from .. import paths, remote, shell
+from .. import fanout, paths, remote, shell
 from . import cmd, fail_command
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
@@ -329,17 +329,22 @@ def bundle_received(staging, units: list):
 def _receive(state, host, staging, units) -> bool:
     """Receive the `units` this host is the first to take, then wait for the verdict on every part
     of the run (its own first), so a changed byte stops each host before it changes anything."""
-    op, placed, mine = host.current_op_hash, [], {u[0]: u for u in units}
+    op, placed, mine, late = host.current_op_hash, [], {u[0]: u for u in units}, set[str]()
+    staging.started.add(host.name)
     for key in [*mine, *(k for k in list(staging.takers) if k not in mine)]:
+        waited = 0.0
         while key not in staging.verdicts:
             active = [h for h in state.inventory if h in state.active_hosts]  # in the inventory's order
-            gone = {h.name for h in active if h.name != host.name and op in state.ops.get(h, {})
-                    and state.ops[h][op].operation_meta.is_complete()}
+            gone = late | {h.name for h in active if h.name != host.name and op in state.ops.get(h, {})
+                           and state.ops[h][op].operation_meta.is_complete()}
             first = staging.first(key, [h.name for h in active], gone)
             if first is None:  # every host that takes it is gone: no verdict will come
                 break
             if first != host.name:
                 time.sleep(VERDICT_POLL)  # gevent's, under pyinfra: the other hosts run meanwhile
+                waited += VERDICT_POLL
+                if waited > fanout.SOURCE_START and first not in staging.started:
+                    late.add(first)  # never began (no slot in pyinfra's pool, while this host holds one)
                 continue
             _, parts, commands, cleanup = mine[key]
             placed.append(cleanup)
