@@ -406,17 +406,17 @@ def check_extra(v: VllmVersion, name: str, value) -> str | None:
     values = value if isinstance(value, list) and row.get("nargs") in ("+", "*") else [value]
     for one in values:
         text = one if isinstance(one, str) else json.dumps(one) if isinstance(one, (dict, list)) else str(one)
-        if text.startswith("-") and not _number(text):
+        if text.startswith("-") and not _parses(float, text):
             return f"{name} takes a value, and {text!r} is a flag; give {name} its value"
         if "choices" in row and text not in row["choices"]:
             return (f"{name} {text!r} is not one of vLLM {v.version}'s values ({', '.join(row['choices'])}) "
                     f"(its parser: argument {name}: invalid choice: {text!r})")
         kind = row["type"]
-        if kind == "int" and not _int(text):
+        if kind == "int" and not _parses(int, text):
             return f"{name} needs an integer, not {text!r} (its parser: argument {name}: invalid int value: {text!r})"
         if kind == "int_hr" and not (text == "auto" or __import__("re").fullmatch(r"\d+(\.\d+)?[kKmMgGtT]?", text)):
             return f"{name} needs an integer such as 131072 or 128k, not {text!r}"
-        if kind == "float" and not _number(text):
+        if kind == "float" and not _parses(float, text):
             return f"{name} needs a number, not {text!r} (its parser: argument {name}: invalid float value: {text!r})"
         if kind == "json" and text[:1] in "{[":
             try:
@@ -426,17 +426,10 @@ def check_extra(v: VllmVersion, name: str, value) -> str | None:
     return None
 
 
-def _int(text: str) -> bool:
+def _parses(kind, text: str) -> bool:
+    """Whether kind(text) (int or float) reads the text as the flag's parser would."""
     try:
-        int(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
+        kind(text)
         return True
     except ValueError:
         return False
