@@ -684,7 +684,7 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
 
     # the options several commands share, by name: each added with one definition (their help: COMMON_HELP)
-    shared = {"inventory": {}, "--limit": dict(action="append", default=[]),
+    shared: dict[str, dict] = {"inventory": {}, "--limit": dict(action="append", default=[]),
               "--wait": dict(type=_seconds, default=1200), "--data": dict(action="append", default=[]),
               "--message": dict(type=_message, default=""),
               "--lock-ttl": dict(default="2h", help="the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"),
