@@ -299,17 +299,6 @@ def ready_command(p: Plan, timeout: int) -> str | None:
                          for i in api_instances(p))
 
 
-def keep_previous_command() -> str:
-    """Keep the release being replaced (units + record) so `nemofleet rollback` can return to it."""
-    return fleet_commands.keep_previous()
-
-
-def audit_command(operator: str, line: str) -> str:
-    """The deploy's release-change line, through the fleet's one audit writer."""
-    event, _, detail = line.partition(" ")
-    return fleet_commands.audit_command(operator, event, detail)
-
-
 # ---------------------------------------------------------------------------- build
 
 
@@ -482,10 +471,11 @@ def serving(s: settings_mod.Settings, p: Plan, facts: Facts, daemon: dict, opera
                for i in p.instances},
         unit_names=[i.unit for i in p.instances], attached=attached,
         ready_command=ready_command(p, s.ready_timeout) if s.wait_ready else None,
-        release_id=release_id, previous_release=previous, keep_previous_command=keep_previous_command(),
+        release_id=release_id, previous_release=previous, keep_previous_command=fleet_commands.keep_previous(),
         release_files={paths.RELEASE: (render.release_record(p), "0644")},
-        audit_command=audit_command(operator, (
-            f"release {previous or 'none'} -> {release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
+        # the deploy's release-change line, through the fleet's one audit writer
+        audit_command=fleet_commands.audit_command(operator, "release", (
+            f"{previous or 'none'} -> {release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
             f"{len(p.instances)} instance(s))")),
         frontend_lines=[f"frontend {fe.name or fe.network}: base URL http://{attached[i.name][fe.network]}:8000/v1 "
                         f"model {p.served_name}" for fe in frontends for i in p.instances])
