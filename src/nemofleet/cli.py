@@ -634,17 +634,6 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
-# help of the options several commands share, given where a command left it out
-COMMON_HELP = {
-    "inventory": "the pyinfra inventory file (e.g. inventories/testbed.py)",
-    "limit": "only this host or group (a glob on host names); repeat for more (default: every host)",
-    "wait": "seconds each host may take to start serving",
-    "message": "a note recorded with the lock and in each host's audit log",
-    "data": "KEY=VALUE host data for this run, as pyinfra's --data (repeatable; secrets refused)",
-    "json": "print JSON instead of text",
-}
-
-
 # each command's exit codes, the end of its --help (and 2 and 130 for every command)
 EXIT_CODES = {
     "plan": "0 every host planned; 1 a host is refused (its sentences say why)",
@@ -683,13 +672,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"nemofleet {_version()}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
 
-    # the options several commands share, by name: each added with one definition (their help: COMMON_HELP)
-    shared: dict[str, dict] = {"inventory": {}, "--limit": dict(action="append", default=[]),
-              "--wait": dict(type=_seconds, default=1200), "--data": dict(action="append", default=[]),
-              "--message": dict(type=_message, default=""),
-              "--lock-ttl": dict(default="2h", help="the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"),
-              "--no-gateway-drain": dict(action="store_true", help="go on when the inventory's gateway cannot be "
-                                         "reached: hosts are not drained there (clients may see failed requests)")}
+    # the options several commands share, by name: each added with one definition and one wording
+    shared: dict[str, dict] = {
+        "inventory": dict(help="the pyinfra inventory file (e.g. inventories/testbed.py)"),
+        "--limit": dict(action="append", default=[],
+                        help="only this host or group (a glob on host names); repeat for more (default: every host)"),
+        "--wait": dict(type=_seconds, default=1200, help="seconds each host may take to start serving"),
+        "--data": dict(action="append", default=[],
+                       help="KEY=VALUE host data for this run, as pyinfra's --data (repeatable; secrets refused)"),
+        "--message": dict(type=_message, default="", help="a note recorded with the lock and in each host's audit log"),
+        "--lock-ttl": dict(default="2h", help="the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"),
+        "--no-gateway-drain": dict(action="store_true", help="go on when the inventory's gateway cannot be reached: "
+                                   "hosts are not drained there (clients may see failed requests)")}
 
     def opts(p, *names: str) -> None:
         for name in names:
@@ -775,7 +769,7 @@ def parser() -> argparse.ArgumentParser:
     bsub = bd.add_subparsers(dest="action", metavar="ACTION", required=True, help="create, verify or show")
     bc = bsub.add_parser("create", help="collect what the hosts' plans need, sign it, write FILE",
                          formatter_class=_Formatter)
-    bc.add_argument("inventory", help=COMMON_HELP["inventory"])
+    bc.add_argument("inventory", **shared["inventory"])
     bc.add_argument("-o", "--output", metavar="FILE", required=True,
                     help="the bundle to write (no default; a re-run resumes from FILE.parts/)")
     bc.add_argument("--facts", metavar="FILE", help="plan from this facts JSON instead of reading the hosts "
@@ -800,14 +794,9 @@ def parser() -> argparse.ArgumentParser:
                    help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
-    for name, sp in sub.choices.items():  # shared options keep one wording (and every option has a help)
+    for name, sp in sub.choices.items():
         sp.epilog = (f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, inventory or "
                      "--data); 130 interrupted")
-        for action in sp._actions:
-            if action.help is None and action.dest in COMMON_HELP:
-                action.help = COMMON_HELP[action.dest]
-            if sp.formatter_class is not _Formatter:
-                sp.formatter_class = _Formatter
     return ap
 
 
