@@ -31,6 +31,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -38,7 +39,7 @@ import tempfile
 import threading
 from typing import BinaryIO
 
-from .valuetypes import Refusal
+from .valuetypes import Refusal, shown
 
 NAMESPACE = "nemofleet-bundle"
 FORMAT = "nemofleet-bundle/1"
@@ -109,6 +110,43 @@ class Part(io.RawIOBase):
         super().close()
 
 
+_TEXT = (str, type(None))
+_PART_TEXT = ("image", "image_id", "repo", "revision", "package", "version", "file")
+
+
+def manifest_problem(m: dict) -> str | None:
+    """Why a manifest read from a file is not of the shape `create` writes (every field a reader
+    takes: a part's path a plain relative name, its size a count, its SHA-256 64 hex digits), or
+    None. The manifest is read before its signature is checked (show), so nothing trusts it."""
+    if not isinstance(m.get("created"), str) or not isinstance(m.get("inventory"), _TEXT):
+        return "created and inventory must be text"
+    plans, parts = m.get("plans", {}), m.get("parts")
+    if not isinstance(plans, dict) or not all(isinstance(h, str) and isinstance(p, dict)
+                                              and all(isinstance(v, (str, bool)) for v in p.values())
+                                              for h, p in plans.items()):
+        return "plans must map host names to their plan's text fields"
+    if not isinstance(parts, list):
+        return "parts must be a list"
+    seen = set()
+    for p in parts:
+        if not isinstance(p, dict):
+            return f"a part is {type(p).__name__}, not a mapping"
+        name = p.get("path")
+        if (not isinstance(name, str) or name in seen or name.startswith("/") or ".." in name.split("/")
+                or any(c < " " or c == "\x7f" for c in name) or name in ("manifest.json", "manifest.json.sig")):
+            return f"the part path {shown(name)} is not a plain relative name listed once"
+        seen.add(name)
+        if not (isinstance(p.get("size"), int) and not isinstance(p["size"], bool) and 0 <= p["size"] < 1 << 50):
+            return f"the part {shown(name)} has the size {shown(p.get('size'))}, not a count of bytes"
+        if not (isinstance(p.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", p["sha256"])):
+            return f"the part {shown(name)} has no SHA-256 of 64 hex digits"
+        if not isinstance(p.get("purpose"), str) or not all(isinstance(p.get(k), _TEXT) for k in _PART_TEXT):
+            return f"the part {shown(name)} has a purpose or description that is not text"
+        if not (isinstance(p.get("serves", []), list) and all(isinstance(h, str) for h in p.get("serves", []))):
+            return f"the part {shown(name)} serves must list host names"
+    return None
+
+
 class Bundle:
     """A bundle's manifest, signature and the place of each member (headers only are read)."""
 
@@ -132,12 +170,15 @@ class Bundle:
         self.signature = self.read("manifest.json.sig")
         try:
             self.manifest = json.loads(self.manifest_bytes)
-            self.parts = {p["path"]: p for p in self.manifest["parts"]}
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, RecursionError):
             raise BundleError(f"the bundle {path} has a manifest that is not nemofleet's JSON") from None
-        if self.manifest.get("format") != FORMAT:
-            raise BundleError(f"the bundle {path} is of format {self.manifest.get('format')!r}; this nemofleet "
-                              f"reads {FORMAT}")
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            got = self.manifest.get("format") if isinstance(self.manifest, dict) else None
+            raise BundleError(f"the bundle {path} is of format {shown(got)}; this nemofleet reads {FORMAT}")
+        why = manifest_problem(self.manifest)
+        if why:  # read before the signature is checked (show, verify): its shape is refused, never trusted
+            raise BundleError(f"the bundle {path} has a manifest that is not nemofleet's: {why}")
+        self.parts = {p["path"]: p for p in self.manifest["parts"]}
 
     def read(self, name: str) -> bytes:
         offset, size = self.members[name]
@@ -346,14 +387,14 @@ def show(b: Bundle) -> list[str]:
              f"{len(m['parts'])} parts, {_size(sum(p['size'] for p in m['parts']))}"]
     for h, p in sorted(m.get("plans", {}).items()):
         lines.append(f"  host {h}: " + ("gateway (HAProxy)" if p.get("gateway") else
-                                        f"{p['model']} on {p['image']} (vLLM {p['vllm']}, {p['gpu']})"))
+                                        f"{p.get('model')} on {p.get('image')} (vLLM {p.get('vllm')}, {p.get('gpu')})"))
     for p in m["parts"]:
         if "/.cache/" in p["path"]:
             continue
-        what = p.get("image") or (f"{p.get('repo')}@{p.get('revision', '')[:12]}" if p["purpose"] == "weights"
+        what = p.get("image") or (f"{p.get('repo')}@{(p.get('revision') or '')[:12]}" if p["purpose"] == "weights"
                                   else f"{p.get('package')} {p.get('version')}" if p["purpose"] == "package" else "")
         lines.append(f"  {p['purpose']:<8} {p['path']} {_size(p['size'])} sha256:{p['sha256'][:16]} {what} "
-                     f"(serves {', '.join(p['serves'])})")
+                     f"(serves {', '.join(p.get('serves', []))})")
     return lines
 
 

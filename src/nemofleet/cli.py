@@ -479,6 +479,7 @@ def cmd_rollout(a) -> int:
     import json as _json
 
     from . import canary
+    from . import valuetypes as vt
     from .fleet import rollout
 
     def say(line: str) -> None:
@@ -501,9 +502,11 @@ def cmd_rollout(a) -> int:
         return refused(f"--bake {a.bake:g} must be 0 (no bake) or from 1 to 86400 seconds")
     given = a.canary_steps or a.canary_weight
     shares = [s.strip().removesuffix("%") for s in given.split(",")]
-    if not all(s.isdigit() and 1 <= int(s) <= 99 for s in shares) or shares != sorted(shares, key=int):
-        return refused(f"--canary-{'steps' if a.canary_steps else 'weight'} {given!r} must be percentages from 1 to "
-                       "99 (steps rising, e.g. 10,25,50) of the gateway's requests")
+    # ASCII digits only (int() reads '١٠' as 10), at most 10 steps, each above the one before
+    if (len(shares) > 10 or not all(s.isascii() and s.isdigit() and 1 <= int(s) <= 99 for s in shares)
+            or any(int(x) >= int(y) for x, y in zip(shares, shares[1:]))):
+        return refused(f"--canary-{'steps' if a.canary_steps else 'weight'} {vt.shown(given)} must be percentages "
+                       "from 1 to 99 (at most 10 steps, each above the last, e.g. 10,25,50) of the gateway's requests")
     if a.pause_after_canary and not a.canary:
         return refused("--pause-after-canary needs a canary batch: add --canary N")
     if a.pause_after_canary and not sys.stdin.isatty():

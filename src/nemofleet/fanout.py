@@ -127,11 +127,7 @@ def wanted(sp) -> Key | None:
         return None
     if not (sp.secrets.get("weights_seed_key") and sp.secrets.get("weights_seed_public_key")):
         return None
-    try:
-        model = catalog.resolve(s.model)
-    except catalog.UnknownModel:
-        return None
-    return (model.repo, model.revision)
+    return (s.model.repo, s.model.revision)
 
 
 # The host of a converge that would fetch a model from the origin first asks this many other hosts

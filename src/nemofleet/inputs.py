@@ -16,6 +16,7 @@ Layer: below `desired` and the planner, above spec/settings/facts; no pyinfra im
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -105,17 +106,17 @@ def class_warning(groups, facts: factmodel.Facts) -> list[str]:
 
 def _pinned(s: settings_mod.Settings, commits: Mapping, refusals: list, warnings: list) -> settings_mod.Settings:
     """The settings with the model's revision replaced by the commit HubCommit resolved it to."""
-    spec: dict = {"catalog": s.model} if isinstance(s.model, str) else dict(s.model)
+    model = s.model
     for (endpoint, repo, rev), answer in commits.items():
         if isinstance(answer, Mapping) and "sha" in answer:
-            spec["revision"] = answer["sha"]
+            model = dataclasses.replace(model, revision=answer["sha"])
             warnings.append(f"revision {rev!r} of {repo} is {answer['sha'][:12]} on {endpoint} now; this run "
                             f"serves that commit (pin it in group data to skip the query)")
         else:
             why = answer.get("error") if isinstance(answer, Mapping) else None
             refusals.append(vt.Refusal(f"could not resolve revision {rev!r} of {repo}: {why or 'no answer'}; pin the model "
                             "revision to a 40-hex commit or fix hf_endpoint", "revision"))
-    return s.model_copy(update={"model": spec})
+    return s.model_copy(update={"model": model})
 
 
 def _seeded(s: settings_mod.Settings, seeds) -> settings_mod.Settings:

@@ -45,9 +45,9 @@ class NoFit(Exception):
 
 def context(s: settings.Settings, local_meta: ModelDir | None) -> Ctx:
     try:
-        model = catalog.resolve(s.model).with_local_meta(local_meta)
+        model = s.model.with_local_meta(local_meta)
         v = vllm_flags.get(vllm_flags.version_of_image(s.vllm_image))
-    except (catalog.UnknownModel, vllm_flags.UnknownVersion) as exc:
+    except vllm_flags.UnknownVersion as exc:
         raise PlanError(str(exc)) from None
     mml = s.max_model_len or min(model.default_context, model.max_context)
     if mml > model.max_context:

@@ -84,6 +84,9 @@ class Model:
     # Mamba-2 layers: with attention_layers they size one block of vLLM's shared cache pool
     # (memory.block_bytes); 0: unknown (the checkpoint's hybrid_override_pattern tells it), no block check
     mamba_layers: int = 0
+    # the `model:` value as the operator wrote it (a catalog key or its mapping): what the plan's
+    # "restore with" lines show; not part of what the model is
+    given: Any = field(default=None, compare=False, repr=False)
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * kv_dtype_bytes
@@ -364,7 +367,7 @@ FIELD_TYPES = {
 def parse_fields(spec: dict) -> dict:
     """{field: typed value} for the fields a `model:` mapping gives, or UnknownModel with one
     sentence naming the first field that is not of its type."""
-    fields = {f.name for f in dataclasses.fields(Model)}
+    fields = {f.name for f in dataclasses.fields(Model) if f.compare}  # not `given`: what was written
     odd = [k for k in spec if not isinstance(k, str)]
     if odd:
         raise UnknownModel(f"model setting names must be strings; {odd[0]!r} is not one")
@@ -390,6 +393,7 @@ def resolve(spec: dict | str) -> Model:
     or a generic entry for any HF model id: {"repo": "org/name", "weight_bytes": ..., ...}.
     Every field given is parsed into its type (FIELD_TYPES) or refused in one sentence.
     """
+    written = spec
     if isinstance(spec, str):
         spec = {"catalog": spec}
     spec = vt.thawed(spec)  # a typed setting's FrozenMap: read as the mapping it was given as
@@ -420,7 +424,7 @@ def resolve(spec: dict | str) -> Model:
             head_dim=128, mamba_state_bytes_fp32=0, moe=False, hybrid=False,
             trust_remote_code=False,
         )
-    return dataclasses.replace(base, **given)
+    return dataclasses.replace(base, **given, given=written)
 
 
 def local_dir_name(repo: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import re
 
 from . import gpu_classes
+from . import models as catalog
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import recipes, vllm_flags
@@ -94,7 +95,7 @@ def _fixes(ctx: Ctx, group: list[Gpu], local_meta) -> list[str]:
     if ctx.spec in ("dflash", "dspark"):
         tries.append(({"speculative": "none"}, "speculative: none"))
     if m.variant:
-        tries.append(({"model": m.variant}, f"model: {m.variant}"))
+        tries.append(({"model": catalog.resolve(m.variant)}, f"model: {m.variant}"))
     out, done = [], set()
     for change, text in tries:
         key = next(iter(change))
@@ -132,7 +133,7 @@ def precision_warning(ctx: Ctx, lay: Layout, local_meta) -> str | None:
     if not m.variant:
         return text
     try:
-        alt = fit_layout(context(ctx.s.replace(model=m.variant), None), lay.gpus)
+        alt = fit_layout(context(ctx.s.replace(model=catalog.resolve(m.variant)), None), lay.gpus)
     except (NoFit, PlanError):
         return f"{text}; {m.variant} does not fit here with these settings"
     return (f"{text}; {m.variant} also fits here ({alt.count} x TP{alt.tp}, {alt.mem.summary()}, "
@@ -194,7 +195,8 @@ def _line(lay: Layout) -> str | None:
 
 def _model_restore(s, **fields) -> dict:
     """The `model:` setting with these fields changed (a catalog key becomes {catalog: key, ...})."""
-    base = dict(s.model) if isinstance(s.model, Mapping) else {"catalog": s.model}
+    given = s.model.given
+    base = dict(given) if isinstance(given, Mapping) else {"catalog": given}
     return {"model": {**base, **fields}}
 
 

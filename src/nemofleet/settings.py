@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Union, cast
 
 import pydantic
 
+from . import models
 from . import valuetypes as vt
 from .secret import Secret
 
@@ -247,8 +248,6 @@ def _gateway_backends(value) -> str | None:
 def _model(value) -> str | None:
     """Every field of a model mapping is typed by models.resolve (repo id, revision grammar,
     drafts, parser plugin, sizes): one sentence for the first that is not."""
-    from . import models
-
     if isinstance(value, str) and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", value):
         return f"{vt.shown(value)} is not a catalog key"
     try:
@@ -333,7 +332,8 @@ class Settings(_Typed):
     """Validated host data: every key as a typed attribute (`s.port_base`); `parse()` makes one."""
 
     # --- what to serve
-    model: Union[str, vt.FrozenMap] = key((_S, _D), "nemotron-3.5-lightning-nvfp4",
+    # resolved once here (models.resolve): every reader takes the typed Model, its `given` the form written
+    model: models.Model = key((_S, _D), "nemotron-3.5-lightning-nvfp4",
         "catalog key (`nemofleet models`) or mapping {catalog|repo, revision, ...}; pin revision to a commit",
         "model", check=_model)
     vllm_image: str = key((_S,), DEFAULT_IMAGE, "vLLM image reference (tag decides the flag table)", "model",
@@ -584,6 +584,8 @@ def _typed(key: Key, value):
     if key.name == "weights_seed_from":
         peer = lambda v: SeedPeer(**({"host": v} if isinstance(v, str) else v))  # noqa: E731
         return tuple(peer(v) for v in value) if isinstance(value, list) else peer(value)
+    if key.name == "model":
+        return models.resolve(value)
     if key.name == "nvidia_driver_branch":
         return str(value)  # --data 580 arrives as a number
     if key.name == "speculative" and value == "":

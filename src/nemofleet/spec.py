@@ -278,9 +278,6 @@ def to_resolve(sp: HostSpec) -> list[tuple[str, str, str]]:
     s = sp.settings
     if s is None:
         return []
-    try:
-        model = catalog.resolve(s.model)
-    except catalog.UnknownModel:
-        return []
+    model = s.model
     endpoint = (s.hf_endpoint or "https://huggingface.co").rstrip("/")
     return [(endpoint, model.repo, model.revision)] if not catalog.is_commit(model.revision) else []

@@ -161,3 +161,58 @@ def test_an_image_archive_is_identified_by_its_image_id_and_must_hold_the_tag(tm
     assert part["image_id"] == "sha256:" + "c" * 64 and part["path"] == "images/" + "c" * 16 + ".tar"
     with pytest.raises(bundle.BundleError, match="does not hold vllm/vllm-openai:v2"):
         create._image(stage, "vllm/vllm-openai:v2", str(archive), {"h1"})
+
+
+def _tar(path, manifest, extra=()) -> str:
+    """A file shaped like a bundle (a manifest, a signature, parts) whose manifest is `manifest`."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as t:
+        raw = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+        for name, data in [("manifest.json", raw), ("manifest.json.sig", b"sig"), *extra]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+HEX = "0" * 64
+GOOD_PART = {"path": "images/a.tar", "size": 3, "sha256": HEX, "purpose": "image", "serves": ["h"]}
+
+
+@pytest.mark.parametrize("manifest, said", [
+    ({"parts": [{"path": "x"}]}, "created and inventory must be text"),
+    ({"created": 1, "inventory": "i", "parts": []}, "created and inventory must be text"),
+    ({"created": "t", "inventory": "i", "plans": {"h": 5}, "parts": []}, "plans must map host names"),
+    ({"created": "t", "inventory": "i", "parts": "zz"}, "parts must be a list"),
+    ({"created": "t", "inventory": "i", "parts": [7]}, "a part is int"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "path": ["x"]}]}, "not a plain relative name"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "path": "../x"}]}, "not a plain relative name"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "path": "/etc/x"}]}, "not a plain relative name"),
+    ({"created": "t", "inventory": "i", "parts": [GOOD_PART, GOOD_PART]}, "listed once"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "size": "3"}]}, "not a count of bytes"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "size": True}]}, "not a count of bytes"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "sha256": 5}]}, "no SHA-256 of 64 hex digits"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "purpose": None}]}, "not text"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "revision": ["x"]}]}, "not text"),
+    ({"created": "t", "inventory": "i", "parts": [{**GOOD_PART, "serves": 3}]}, "serves must list host names"),
+])
+@pytest.mark.parametrize("action", ["show", "verify"])
+def test_a_manifest_of_another_shape_is_one_sentence_before_any_trust(tmp_path, capsys, manifest, said, action):
+    """show reads the manifest before any signature is checked, verify before it checks one: a
+    hostile manifest is refused in one sentence (exit 1), never an unexpected error."""
+    path = _tar(tmp_path / "b.bundle", {"format": bundle.FORMAT, **manifest})
+    argv = ["bundle", action, path] + (["--allowed-signers", str(tmp_path / "none")] if action == "verify" else [])
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert said in err and "unexpected" not in err and err.count("\n") == 1, err
+
+
+def test_show_of_an_unsigned_manifest_escapes_what_it_prints(tmp_path, capsys):
+    """Text read from the manifest reaches the terminal escaped (show runs before anyone trusts it)."""
+    manifest = {"format": bundle.FORMAT, "created": "\x1b[31m\u2028", "inventory": None,
+                "plans": {"h\x1b]0;t\x07": {"model": "m\x1b[2J"}}, "parts": [{**GOOD_PART, "revision": None}]}
+    assert cli.main(["bundle", "show", _tar(tmp_path / "b.bundle", manifest, [("images/a.tar", b"abc")])]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u2028" not in out and "\x07" not in out, out

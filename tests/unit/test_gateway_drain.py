@@ -211,7 +211,10 @@ def test_program_stays_within_the_prelude_rules():
 @pytest.mark.parametrize("args, sentence", [
     (["--canary-weight", "0%"], "--canary-weight '0%' must be percentages from 1 to 99"),
     (["--canary-weight", "ten"], "--canary-weight 'ten' must be percentages from 1 to 99"),
-    (["--canary-steps", "50,10"], "--canary-steps '50,10' must be percentages from 1 to 99 (steps rising"),
+    (["--canary-steps", "50,10"], "--canary-steps '50,10' must be percentages from 1 to 99 (at most 10 steps, each above"),
+    (["--canary-steps", "10,10,20"], "--canary-steps '10,10,20' must be percentages"),
+    (["--canary-steps", ",".join(map(str, range(1, 13)))], "--canary-steps '1,2,3,4,5,6,7,8,9,10,11,12' must be"),
+    (["--canary-weight", "\u0661\u0660"], "--canary-weight '\u0661\u0660' must be percentages"),  # Arabic-Indic 10
 ])
 def test_bad_canary_shares_are_refused_in_one_sentence(tmp_path, monkeypatch, capsys, args, sentence):
     from nemofleet import cli
