@@ -69,6 +69,21 @@ _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a n
           list: "a list"}
 
 
+_FORMS: dict[int, tuple] = {}  # id(type) -> (type, its form): a typing alias hashes slowly
+
+
+def _form(tp) -> tuple:
+    """(origin, args, a model's fields) of a field's type, read once per type (the walk runs per
+    host). A health row's values are typed by Health's validator from the row's own nvidia-smi
+    fields, so a HealthGpu is walked for its uuid alone."""
+    known = _FORMS.get(id(tp))
+    if known is None or known[0] is not tp:
+        fields = isinstance(tp, type) and issubclass(tp, _Fact) and tuple(
+            (name, f) for name, f in tp.model_fields.items() if tp is not HealthGpu or name == "uuid")
+        known = _FORMS[id(tp)] = (tp, (typing.get_origin(tp), typing.get_args(tp), fields))
+    return known[1]
+
+
 def _problem(value, tp, where: str, metadata=()) -> str | None:
     """One sentence naming the first place `value` is not of type `tp` (a model field's annotation,
     with its Annotated metadata), None when it is of it; a model is walked field by field."""
@@ -86,7 +101,7 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
             if isinstance(value, bool) or not isinstance(value, int) or not m.minimum <= value <= m.maximum:
                 return f"{where} is {shown(value)}, not an integer from {m.minimum} to {m.maximum}"
             return None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    origin, args, fields = _form(tp)
     if origin is Annotated:
         return _problem(value, args[0], where, tp.__metadata__)
     if origin in (Union, types.UnionType):
@@ -96,12 +111,11 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
         if not isinstance(value, (list, tuple)):
             return f"{where} is {shown(value)}, not a list"
         return next(filter(None, (_problem(item, args[0], f"{where}[{n}]") for n, item in enumerate(value))), None)
-    if origin in (dict, abc.Mapping) or isinstance(tp, type) and issubclass(tp, _Fact):
+    if origin in (dict, abc.Mapping) or fields:
         if not isinstance(value, Mapping):
             return f"{where} is {shown(value)}, not a mapping"
-        if origin is None:  # a model: its fields (other keys are allowed and ignored)
-            return next(filter(None, (_field_problem(value, name, f, where) for name, f in tp.model_fields.items()
-                                      if tp is not HealthGpu or name == "uuid")), None)
+        if fields:  # a model: its fields (other keys are allowed and ignored)
+            return next(filter(None, (_field_problem(value, name, f, where) for name, f in fields)), None)
         keys = next((m.problem for m in metadata if isinstance(m, Keys)), None)
         for k, v in value.items():
             if not isinstance(k, str):
@@ -131,9 +145,7 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
 
 
 def _field_problem(value: Mapping, name: str, f, where: str) -> str | None:
-    """_problem of a model's field `name` in `value` (absent: its default, when it has one). A
-    health row's values are typed by Health's validator from the row's own nvidia-smi fields, so
-    a HealthGpu is walked for its uuid alone."""
+    """_problem of a model's field `name` in `value` (absent: its default, when it has one)."""
     if name not in value:
         return None if not f.is_required() else f"{where} has no {name}"
     return _problem(value[name], f.annotation, f"{where}.{name}", f.metadata)
