@@ -6,9 +6,9 @@ Stages: preflight (refuses a host that cannot serve, before any change) -> host 
 (daemon.json, secrets, CDI) -> weights (through the Hugging Face mirror, verified) -> serving
 (systemd units per instance, frontend networks) -> health (cron checks, Prometheus metrics).
 """
-from nemofleet import speed
+from nemofleet import pyinfra_speedups as speed
 from nemofleet.deploy import nemotron
 
-speed.install()  # pyinfra's per-operation call-site lookup and global-argument list, cheaper (nemofleet/speed.py)
+speed.install()  # pyinfra's per-operation call-site lookup and global-argument list, cheaper (nemofleet/pyinfra_speedups.py)
 
 nemotron()

@@ -1,9 +1,9 @@
-"""nemofleet.speed: the call-site lookup gives pyinfra's own operation order, from the frames alone."""
+"""nemofleet.pyinfra_speedups: the call-site lookup gives pyinfra's own operation order, from the frames alone."""
 from types import SimpleNamespace
 
 import pyinfra
 
-from nemofleet import speed
+from nemofleet import pyinfra_speedups as speed
 
 pyinfra_operation = speed._operation
 
