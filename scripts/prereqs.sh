@@ -156,9 +156,11 @@ if [ -n "$engine" ] && [ "$engine" != "no docker client" ]; then
       echo "prereqs: the Docker engine is not answering: starting it (systemctl start docker)"
       systemctl start docker >&2 || true
     else
-      # no systemd as PID 1 (a container, WSL): dockerd in the background, its log in a named file
+      # no systemd as PID 1 (a container, WSL): dockerd in the background, its log in a named file,
+      # stdin and every descriptor above 2 closed: the engine outlives this run, and a descriptor it
+      # inherited (a `flock FILE make test` lock) would stay held for as long as the engine runs
       echo "prereqs: the Docker engine is not answering: starting dockerd in the background (log: $dockerd_log)"
-      (dockerd >"$dockerd_log" 2>&1 &)
+      (dockerd >"$dockerd_log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &)
     fi
     waited=0
     while [ "$(engine_problem)" ] && [ "$waited" -lt "$wait_s" ]; do sleep 1; waited=$((waited + 1)); done

@@ -205,7 +205,6 @@ class Window:
     figures() the sum of what every instance served since its first sample in the window."""
 
     def __init__(self) -> None:
-        self.first: dict = {}
         self.last: dict = {}
         self.added: dict = {}
         self.unreadable: dict = {}  # instance -> the most lines it could not read in one poll
@@ -213,7 +212,7 @@ class Window:
     def add(self, instance: str, samples: dict) -> None:
         self.unreadable[instance] = max(self.unreadable.get(instance, 0), int(samples.get(UNREADABLE, 0)))
         if instance not in self.last:
-            self.first[instance] = self.last[instance] = samples
+            self.last[instance] = samples
             self.added[instance] = {}
             return
         d = _delta(self.last[instance], samples)

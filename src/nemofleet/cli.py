@@ -25,23 +25,13 @@ import sys
 import time
 
 
-def gather_facts(inventory: str, limit: list[str]) -> dict:
-    """HostFacts of every host, read-only (see nemofleet.fleet.driver)."""
+def _read(what: str, inventory: str, limit: list[str]) -> dict:
+    """driver.gather_facts (HostFacts of every host, read-only) or driver.host_specs ({host: HostSpec}
+    of the selected hosts; nemofleet.spec) by name; a FleetError is one sentence and exit 2."""
     from .fleet import driver
 
     try:
-        return driver.gather_facts(inventory, limit)
-    except driver.FleetError as exc:
-        print(f"nemofleet: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def host_specs(inventory: str, limit: list[str]) -> dict:
-    """{host: HostSpec} of the selected hosts (see nemofleet.spec and nemofleet.fleet.driver)."""
-    from .fleet import driver
-
-    try:
-        return driver.host_specs(inventory, limit)
+        return getattr(driver, what)(inventory, limit)
     except driver.FleetError as exc:
         print(f"nemofleet: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -116,8 +106,8 @@ def cmd_plan(a) -> int:
     from .fleet import driver
     from .spec import to_resolve
 
-    facts = _facts_file(a.facts) if a.facts else gather_facts(a.inventory, a.limit)
-    specs = host_specs(a.inventory, a.limit)
+    facts = _facts_file(a.facts) if a.facts else _read("gather_facts", a.inventory, a.limit)
+    specs = _read("host_specs", a.inventory, a.limit)
     if not a.facts:
         commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: to_resolve(sp) for h, sp in specs.items()
                                                                        if h in facts})[0] or {}
@@ -341,8 +331,8 @@ def cmd_bundle(a) -> int:
     """nemofleet bundle create|verify|show (nemofleet.bundle)."""
     from .fleet import bundle
 
-    return bundle.main(a, lambda inv, path: _facts_file(path) if path else gather_facts(inv, []),
-                       lambda inv: host_specs(inv, []))
+    return bundle.main(a, lambda inv, path: _facts_file(path) if path else _read("gather_facts", inv, []),
+                       lambda inv: _read("host_specs", inv, []))
 
 
 def cmd_settings(a) -> int:
@@ -647,17 +637,6 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
-# help of the options several commands share, given where a command left it out
-COMMON_HELP = {
-    "inventory": "the pyinfra inventory file (e.g. inventories/testbed.py)",
-    "limit": "only this host or group (a glob on host names); repeat for more (default: every host)",
-    "wait": "seconds each host may take to start serving",
-    "message": "a note recorded with the lock and in each host's audit log",
-    "data": "KEY=VALUE host data for this run, as pyinfra's --data (repeatable; secrets refused)",
-    "json": "print JSON instead of text",
-}
-
-
 # each command's exit codes, the end of its --help (and 2 and 130 for every command)
 EXIT_CODES = {
     "plan": "0 every host planned; 1 a host is refused (its sentences say why)",
@@ -696,15 +675,32 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"nemofleet {_version()}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
 
-    def add(name: str, help: str, fn, description: str | None = None):
-        p = sub.add_parser(name, help=help, description=description or help[0].upper() + help[1:] + ".",
-                           formatter_class=_Formatter)
+    # the options several commands share, by name: each added with one definition and one wording
+    shared: dict[str, dict] = {
+        "inventory": dict(help="the pyinfra inventory file (e.g. inventories/testbed.py)"),
+        "--limit": dict(action="append", default=[],
+                        help="only this host or group (a glob on host names); repeat for more (default: every host)"),
+        "--wait": dict(type=_seconds, default=1200, help="seconds each host may take to start serving"),
+        "--data": dict(action="append", default=[],
+                       help="KEY=VALUE host data for this run, as pyinfra's --data (repeatable; secrets refused)"),
+        "--message": dict(type=_message, default="", help="a note recorded with the lock and in each host's audit log"),
+        "--lock-ttl": dict(default="2h", help="the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"),
+        "--no-gateway-drain": dict(action="store_true", help="go on when the inventory's gateway cannot be reached: "
+                                   "hosts are not drained there (clients may see failed requests)")}
+
+    def opts(p, *names: str) -> None:
+        for name in names:
+            p.add_argument(name, **shared[name])
+
+    def add(name: str, help: str, fn, description: str | None = "", *options: str):
+        """A command; description "" is its help as a sentence; `options` are names of `shared`."""
+        p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + "." if description == ""
+                           else description, formatter_class=_Formatter)
         p.set_defaults(fn=fn)
+        opts(p, *options)
         return p
 
-    p = add("plan", "print the serving plan per host, read-only (what the deploy would apply)", cmd_plan)
-    p.add_argument("inventory")
-    p.add_argument("--limit", action="append", default=[])
+    p = add("plan", "print the serving plan per host, read-only (what the deploy would apply)", cmd_plan, "", "inventory", "--limit")
     p.add_argument("--json", action="store_true", help="print the full plans as JSON")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="print each line whole at a terminal too (flag values unshortened, no wrapping at 120 columns; "
@@ -712,14 +708,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--facts", metavar="FILE",
                    help="plan from this facts JSON ({host: HostFacts}, as `pyinfra --json fact` writes it) instead "
                         "of reading the hosts (default: read them over SSH)")
-    s = add("status", "release, drift from the inventory's plan, units, health and weights per host", cmd_status)
-    s.add_argument("inventory")
-    s.add_argument("--limit", action="append", default=[])
+    s = add("status", "release, drift from the inventory's plan, units, health and weights per host", cmd_status, "",
+            "inventory", "--limit")
     sm = add("smoke", "one chat completion per host (first words, tokens, latency); exit 1 when any fails", cmd_smoke,
              "One chat completion per host, asked on the host over SSH through its front door or first instance;\n"
-             "the API key is read on the host from its 0600 file and never put on a command line.")
-    sm.add_argument("inventory")
-    sm.add_argument("--limit", action="append", default=[])
+             "the API key is read on the host from its 0600 file and never put on a command line.",
+             "inventory", "--limit")
     said = sm.add_mutually_exclusive_group()
     said.add_argument("--prompt", type=_prompt, default="What is 17*23? Answer in one sentence.",
                       help="the user message to send")
@@ -727,17 +721,14 @@ def parser() -> argparse.ArgumentParser:
                       help="the user message from this file (UTF-8; - reads stdin), for a long one (default: none)")
     sm.add_argument("--max-tokens", type=_tokens, default=512, help="the completion's max_tokens (reasoning included)")
     sm.add_argument("--json", action="store_true", help="print each host's answer as JSON")
-    ttl_help = "the deploy lock's expiry: seconds or N[smhd] (default 2h, at most 7d)"
-    r = sub.add_parser("rollout", help="rolling rollout in batches with a health gate")
-    r.add_argument("inventory")
+    r = add("rollout", "rolling rollout in batches with a health gate", cmd_rollout, None, "inventory")
     r.add_argument("--batch", default="1", help="hosts per batch: N or P%% (default 1)")
     r.add_argument("--canary", type=int, default=0, help="hosts in a first, separate batch")
     r.add_argument("--max-failures", type=int, default=0, help="failure budget before halting (default 0)")
     r.add_argument("--wait", type=_seconds, default=1200, help="startup window per host in seconds (default 1200)")
-    r.add_argument("--limit", action="append", default=[])
+    opts(r, "--limit")
     r.add_argument("--data", action="append", default=[], help="KEY=VALUE passed to pyinfra (the new release)")
-    r.add_argument("--message", type=_message, default="")
-    r.add_argument("--lock-ttl", default="2h", help=ttl_help)
+    opts(r, "--message", "--lock-ttl")
     r.add_argument("--bake", type=float, default=120,
                    help="seconds each batch is watched after its health gate, its request metrics compared with "
                         "the baseline's; a breach rolls it back and halts (default 120, 0 = health gate only)")
@@ -759,35 +750,21 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--canary-steps", default="", metavar="P,P,...",
                    help="with a gateway: bake the canary at these shares in turn (e.g. 10,25,50), each judged")
     r.add_argument("--json", action="store_true", help="one JSON document on stdout; human lines on stderr")
-    r.set_defaults(fn=cmd_rollout)
-    no_drain = "go on when the inventory's gateway cannot be reached: hosts are not drained there (clients may " \
-               "see failed requests)"
-    r.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
-    rb = sub.add_parser("rollback", help="return hosts to the release kept before the last one")
-    rb.add_argument("inventory")
-    rb.add_argument("--limit", action="append", default=[])
-    rb.add_argument("--wait", type=_seconds, default=1200)
-    rb.add_argument("--lock-ttl", default="2h", help=ttl_help)
-    rb.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
-    rb.set_defaults(fn=cmd_rollback)
+    opts(r, "--no-gateway-drain")
+    add("rollback", "return hosts to the release kept before the last one", cmd_rollback, None,
+        "inventory", "--limit", "--wait", "--lock-ttl", "--no-gateway-drain")
     lk = add("lock", "show, take or release the deploy lock on each host", cmd_lock)
     lk.add_argument("action", choices=["status", "acquire", "release"], help="what to do with the lock")
-    lk.add_argument("inventory")
-    lk.add_argument("--limit", action="append", default=[])
-    lk.add_argument("--message", type=_message, default="")
+    opts(lk, "inventory", "--limit", "--message")
     lk.add_argument("--force", action="store_true", help="release a lock held by someone else")
-    lk.add_argument("--lock-ttl", default="2h", help=ttl_help)
-    rd = add("rebuild", "disaster recovery: a reinstalled host back to serving", cmd_rebuild)
-    rd.add_argument("inventory")
+    opts(lk, "--lock-ttl")
+    rd = add("rebuild", "disaster recovery: a reinstalled host back to serving", cmd_rebuild, "", "inventory")
     rd.add_argument("host", help="the reinstalled host (one host of the inventory)")
     rd.add_argument("--accept-new-host-key", action="store_true", help="replace a changed SSH host key")
     rd.add_argument("--expect-host-key", metavar="SHA256:...", type=_fingerprint,
                     help="the fingerprint the new host key must have, read on the host's console (default: none)")
     rd.add_argument("--yes", action="store_true", help="trust a new host key without an expected fingerprint")
-    rd.add_argument("--wait", type=_seconds, default=1200)
-    rd.add_argument("--data", action="append", default=[])
-    rd.add_argument("--lock-ttl", default="2h", help=ttl_help)
-    rd.add_argument("--no-gateway-drain", action="store_true", help=no_drain)
+    opts(rd, "--wait", "--data", "--lock-ttl", "--no-gateway-drain")
     bd = add("bundle", "one signed file with every image, weight and package the plans need (air-gap)",
              cmd_bundle,
              "One signed file with every image, weight and package the inventory's plans need, for fleets\n"
@@ -795,7 +772,7 @@ def parser() -> argparse.ArgumentParser:
     bsub = bd.add_subparsers(dest="action", metavar="ACTION", required=True, help="create, verify or show")
     bc = bsub.add_parser("create", help="collect what the hosts' plans need, sign it, write FILE",
                          formatter_class=_Formatter)
-    bc.add_argument("inventory", help=COMMON_HELP["inventory"])
+    bc.add_argument("inventory", **shared["inventory"])
     bc.add_argument("-o", "--output", metavar="FILE", required=True,
                     help="the bundle to write (no default; a re-run resumes from FILE.parts/)")
     bc.add_argument("--facts", metavar="FILE", help="plan from this facts JSON instead of reading the hosts "
@@ -820,14 +797,9 @@ def parser() -> argparse.ArgumentParser:
                    help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
-    for name, sp in sub.choices.items():  # shared options keep one wording (and every option has a help)
+    for name, sp in sub.choices.items():
         sp.epilog = (f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, inventory or "
                      "--data); 130 interrupted")
-        for action in sp._actions:
-            if action.help is None and action.dest in COMMON_HELP:
-                action.help = COMMON_HELP[action.dest]
-            if sp.formatter_class is not _Formatter:
-                sp.formatter_class = _Formatter
     return ap
 
 

@@ -123,9 +123,12 @@ class Desired:
 # ---------------------------------------------------------------------------- daemon.json
 
 
-def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> dict:
-    """The daemon.json keys nemofleet owns on this host (None: remove the key)."""
+def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict, dict]:
+    """The daemon.json keys nemofleet owns on this host (None: remove the key), and those written
+    only where the file lacks them: an operator's own log driver or log options are kept (and
+    Docker is not restarted for them)."""
     desired: dict = {}
+    defaults: dict = {}
     if facts.toolkit.runtime or facts.toolkit.version:
         desired["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}}
     if s.docker_default_runtime:
@@ -137,8 +140,8 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> d
             desired[name] = list(listed) or None
     for key, value, name in (("docker_log_driver", s.docker_log_driver, "log-driver"),
                              ("docker_log_opts", s.docker_log_opts, "log-opts")):
-        if value and value != settings_mod.BY_NAME[key].default:
-            desired[name] = value  # the operator asked for it: owned
+        if value:  # the operator asked for it: owned; nemofleet's default: written where absent
+            (defaults if value == settings_mod.BY_NAME[key].default else desired)[name] = value
     exec_opts = list(s.docker_exec_opts) if s.docker_exec_opts is not None else None
     if exec_opts is None and p is not None and p.docker_exec_opts:
         exec_opts = p.docker_exec_opts
@@ -146,18 +149,7 @@ def docker_settings(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> d
         desired["exec-opts"] = exec_opts or None
     if p is not None and p.gpu_method == "cdi" and versions.major(facts.docker.server) < 28:
         desired["features"] = {"cdi": True}  # CDI is on by default from Docker 28.3 (docs/recipes.md)
-    return desired
-
-
-def docker_defaults(s: settings_mod.Settings) -> dict:
-    """daemon.json keys written only where the file lacks them: an operator's own log driver
-    or log options are kept (and Docker is not restarted for them)."""
-    out = {}
-    for key, value, name in (("docker_log_driver", s.docker_log_driver, "log-driver"),
-                             ("docker_log_opts", s.docker_log_opts, "log-opts")):
-        if value and value == settings_mod.BY_NAME[key].default:
-            out[name] = value
-    return out
+    return desired, defaults
 
 
 def gpu_access_signature(p: Plan, facts: Facts, daemon: dict) -> str:
@@ -299,17 +291,6 @@ def ready_command(p: Plan, timeout: int) -> str | None:
                          for i in api_instances(p))
 
 
-def keep_previous_command() -> str:
-    """Keep the release being replaced (units + record) so `nemofleet rollback` can return to it."""
-    return fleet_commands.keep_previous()
-
-
-def audit_command(operator: str, line: str) -> str:
-    """The deploy's release-change line, through the fleet's one audit writer."""
-    event, _, detail = line.partition(" ")
-    return fleet_commands.audit_command(operator, event, detail)
-
-
 # ---------------------------------------------------------------------------- build
 
 
@@ -413,7 +394,7 @@ def _plan(i: HostInputs) -> tuple[Plan | None, list[str], list[str]]:
 def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict, dict, list[str]]:
     """daemon.json's keys (those nemofleet owns, those written only when absent) and why they
     cannot be written here."""
-    owned, defaults = docker_settings(s, p, facts), docker_defaults(s)
+    owned, defaults = docker_settings(s, p, facts)
     refusals: list[str] = []
     try:
         from .dockerconf import DaemonJsonError, validate_settings
@@ -482,10 +463,11 @@ def serving(s: settings_mod.Settings, p: Plan, facts: Facts, daemon: dict, opera
                for i in p.instances},
         unit_names=[i.unit for i in p.instances], attached=attached,
         ready_command=ready_command(p, s.ready_timeout) if s.wait_ready else None,
-        release_id=release_id, previous_release=previous, keep_previous_command=keep_previous_command(),
+        release_id=release_id, previous_release=previous, keep_previous_command=fleet_commands.keep_previous(),
         release_files={paths.RELEASE: (render.release_record(p), "0644")},
-        audit_command=audit_command(operator, (
-            f"release {previous or 'none'} -> {release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
+        # the deploy's release-change line, through the fleet's one audit writer
+        audit_command=fleet_commands.audit_command(operator, "release", (
+            f"{previous or 'none'} -> {release_id} ({p.image}, {p.model.repo}@{p.model.revision[:12]}, "
             f"{len(p.instances)} instance(s))")),
         frontend_lines=[f"frontend {fe.name or fe.network}: base URL http://{attached[i.name][fe.network]}:8000/v1 "
                         f"model {p.served_name}" for fe in frontends for i in p.instances])

@@ -10,9 +10,9 @@ host.
 Each model's fields say their range with metadata the sentence walker reads (`Int(min, max)`,
 `Check(problem)`, `TEXT`, `Keys(problem)`); a plain `str` is one line of at most MAX_TEXT printable
 characters, since facts are echoed into sentences, units and files; numbers are finite; int and
-float never take a bool. `PARTS` (what facts/schema.py exports and a facts file must hold) is
-derived from the models, so the type a part is checked against and the type the decision reads
-are the same declaration.
+float never take a bool. `PARTS` (what facts/schema.py exports and a facts file must hold) are
+Facts' own fields, and the walker reads the models' annotations themselves (no spec of its own),
+so the type a part is checked against and the type the decision reads are the same declaration.
 
 Layer: pure (no pyinfra, nothing from facts/, operations/ or fleet/): facts/schema.py and
 facts/host.py below it use it to check what a fact printed; inputs.py builds `Facts` with it.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from collections import abc
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Mapping, Union, cast
 
@@ -38,35 +39,14 @@ MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-# ---------------------------------------------------------------------------- the spec markers
-# What a value must be, as the sentence walker (_problem) reads it. Models say it through
-# Annotated metadata; PARTS holds the spec of each part, derived from its model.
-
-@dataclass(frozen=True)
-class Opt:
-    spec: object  # or null
-
-
-@dataclass(frozen=True)
-class List:
-    spec: object
-
-
-@dataclass(frozen=True)
-class Map:
-    spec: object
-    key: Check | None = None  # for the keys (None: any one-line string)
-
+# ---------------------------------------------------------------------------- the range markers
+# What a value must be beyond its type, as the sentence walker (_problem) reads a model's fields:
+# Annotated metadata on the field.
 
 @dataclass(frozen=True)
 class Int:
     minimum: int = 0
     maximum: int = INT_MAX
-
-
-@dataclass(frozen=True)
-class Obj:
-    fields: dict  # {"key" | "?key" (optional): spec}; other keys are allowed and ignored
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,7 @@ class Check:
 @dataclass(frozen=True)
 class Keys:
     """Annotated metadata on a Mapping field: the keys' own type (a Check's problem)."""
-    problem: object
+    problem: Callable[[Any], str | None]
 
 
 ANY = object()  # any JSON value (daemon.json's content, the lock's info: typed where they are read)
@@ -89,70 +69,86 @@ _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a n
           list: "a list"}
 
 
-def _problem(value, spec, where: str) -> str | None:
-    if spec is ANY:
-        return None
-    if spec is TEXT:
-        if not isinstance(value, str):
-            return f"{where} is {shown(value)}, not a string"
-        return f"{where} is {len(value)} characters long, more than {MAX_FILE}" if len(value) > MAX_FILE else None
-    if isinstance(spec, Opt):
-        return None if value is None else _problem(value, spec.spec, where)
-    if isinstance(spec, Check):
-        why = spec.problem(value)
-        return f"{where} {why}" if why else None
-    if isinstance(spec, Int):
-        if isinstance(value, bool) or not isinstance(value, int) or not spec.minimum <= value <= spec.maximum:
-            return f"{where} is {shown(value)}, not an integer from {spec.minimum} to {spec.maximum}"
-        return None
-    if isinstance(spec, List):
+_FORMS: dict[int, tuple] = {}  # id(type) -> (type, its form): a typing alias hashes slowly
+
+
+def _form(tp) -> tuple:
+    """(origin, args, a model's fields) of a field's type, read once per type (the walk runs per
+    host). A health row's values are typed by Health's validator from the row's own nvidia-smi
+    fields, so a HealthGpu is walked for its uuid alone."""
+    known = _FORMS.get(id(tp))
+    if known is None or known[0] is not tp:
+        fields = isinstance(tp, type) and issubclass(tp, _Fact) and tuple(
+            (name, f) for name, f in tp.model_fields.items() if tp is not HealthGpu or name == "uuid")
+        known = _FORMS[id(tp)] = (tp, (typing.get_origin(tp), typing.get_args(tp), fields))
+    return known[1]
+
+
+def _problem(value, tp, where: str, metadata=()) -> str | None:
+    """One sentence naming the first place `value` is not of type `tp` (a model field's annotation,
+    with its Annotated metadata), None when it is of it; a model is walked field by field."""
+    for m in metadata:
+        if m is ANY:
+            return None
+        if m is TEXT:
+            if not isinstance(value, str):
+                return f"{where} is {shown(value)}, not a string"
+            return f"{where} is {len(value)} characters long, more than {MAX_FILE}" if len(value) > MAX_FILE else None
+        if isinstance(m, Check):
+            why = m.problem(value)
+            return f"{where} {why}" if why else None
+        if isinstance(m, Int):
+            if isinstance(value, bool) or not isinstance(value, int) or not m.minimum <= value <= m.maximum:
+                return f"{where} is {shown(value)}, not an integer from {m.minimum} to {m.maximum}"
+            return None
+    origin, args, fields = _form(tp)
+    if origin is Annotated:
+        return _problem(value, args[0], where, tp.__metadata__)
+    if origin in (Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return None if value is None or len(rest) > 1 else _problem(value, rest[0], where)
+    if origin is tuple:
         if not isinstance(value, (list, tuple)):
             return f"{where} is {shown(value)}, not a list"
-        for n, item in enumerate(value):
-            why = _problem(item, spec.spec, f"{where}[{n}]")
-            if why:
-                return why
-        return None
-    if isinstance(spec, Map):
+        return next(filter(None, (_problem(item, args[0], f"{where}[{n}]") for n, item in enumerate(value))), None)
+    if origin in (dict, abc.Mapping) or fields:
         if not isinstance(value, Mapping):
             return f"{where} is {shown(value)}, not a mapping"
+        if fields:  # a model: its fields (other keys are allowed and ignored)
+            return next(filter(None, (_field_problem(value, name, f, where) for name, f in fields)), None)
+        keys = next((m.problem for m in metadata if isinstance(m, Keys)), None)
         for k, v in value.items():
             if not isinstance(k, str):
                 return f"{where} has a key {shown(k)} that is not a string"
-            if spec.key is not None and spec.key.problem(k):
-                return f"{where} has a key {spec.key.problem(k)}"
+            if keys is not None and keys(k):
+                return f"{where} has a key {keys(k)}"
             if len(k) > MAX_TEXT or _CONTROL.search(k):
                 return f"{where} has a key {shown(k)} with a control character or of more than {MAX_TEXT} characters"
-            why = _problem(v, spec.spec, f"{where}[{shown(k)}]")
+            why = _problem(v, args[1], f"{where}[{shown(k)}]")
             if why:
                 return why
         return None
-    if isinstance(spec, Obj):
-        if not isinstance(value, Mapping):
-            return f"{where} is {shown(value)}, not a mapping"
-        for key, sub in spec.fields.items():
-            optional = key.startswith("?")
-            key = key.lstrip("?")
-            if key not in value:
-                if optional:
-                    continue
-                return f"{where} has no {key}"
-            why = _problem(value[key], sub, f"{where}.{key}")
-            if why:
-                return why
+    if tp is Any:
         return None
-    if spec is float:
+    if tp is float:
         return None if is_number(value) else f"{where} is {shown(value)}, not a finite number"
-    if spec is int:
-        return _problem(value, Int(-INT_MAX, INT_MAX), where)
-    if spec is dict:
+    if tp is int:
+        return _problem(value, int, where, (Int(-INT_MAX, INT_MAX),))
+    if tp is dict:
         return None if isinstance(value, Mapping) else f"{where} is {shown(value)}, not a mapping"
-    if isinstance(value, bool) and spec is not bool or not isinstance(value, spec):
-        return f"{where} is {shown(value)}, not {_NAMES.get(spec, getattr(spec, '__name__', spec))}"
-    if spec is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
+    if isinstance(value, bool) and tp is not bool or not isinstance(value, tp):
+        return f"{where} is {shown(value)}, not {_NAMES.get(tp, getattr(tp, '__name__', tp))}"
+    if tp is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
         return (f"{where} is {shown(value)}, not one line of at most {MAX_TEXT} printable characters "
                 "(a line break or another control character, or too long)")
     return None
+
+
+def _field_problem(value: Mapping, name: str, f, where: str) -> str | None:
+    """_problem of a model's field `name` in `value` (absent: its default, when it has one)."""
+    if name not in value:
+        return None if not f.is_required() else f"{where} has no {name}"
+    return _problem(value[name], f.annotation, f"{where}.{name}", f.metadata)
 
 
 # ---------------------------------------------------------------------------- the models
@@ -317,7 +313,7 @@ class WeightsState(_Fact):
 def weights_state(value) -> dict | None:
     """The weights check's answer typed (WeightsState, as a dict of its fields), or None when it
     is not one: the operation then fetches and verifies as if nothing were there."""
-    if not isinstance(value, Mapping) or _problem(value, _obj(WeightsState), "weights"):
+    if not isinstance(value, Mapping) or _problem(value, WeightsState, "weights"):
         return None
     return WeightsState.model_validate(value).model_dump()
 
@@ -440,46 +436,11 @@ class PeerMissing(_Fact):
     why: str
 
 
-# ---------------------------------------------------------------------------- specs from the models
-
-
-def _spec(tp, metadata=()) -> object:
-    for m in metadata:
-        if isinstance(m, (Int, Check)) or m is TEXT or m is ANY:
-            return m
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Annotated:
-        return _spec(args[0], tp.__metadata__)
-    if origin in (Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
-        return Opt(_spec(rest[0])) if len(rest) == 1 else ANY
-    if origin is tuple:
-        return List(_spec(args[0]))
-    if origin in (dict, Mapping) or origin is typing.get_origin(Mapping[str, str]):
-        key = next((Check(cast(Any, m.problem)) for m in metadata if isinstance(m, Keys)), None)
-        return Map(_spec(args[1]), key=key)
-    if isinstance(tp, type) and issubclass(tp, _Fact):
-        return _obj(tp)
-    if tp is Any:
-        return ANY
-    return tp
-
-
-def _obj(model: type[_Fact]) -> Obj:
-    fields = {}
-    for name, f in model.model_fields.items():
-        if model is HealthGpu and name == "values":
-            continue  # typed by Health's validator from the row's own nvidia-smi fields
-        fields[("" if f.is_required() else "?") + name] = _spec(f.annotation, f.metadata)
-    return Obj(fields)
+# ---------------------------------------------------------------------------- parsing a part
 
 
 # the HostFacts parts: the host's own output (errors and head_reach are added beside it)
-PARTS = {name: _spec(f.annotation, f.metadata) for name, f in Facts.model_fields.items()
-         if name not in ("errors", "head_reach")}
-# a health row: its uuid typed, every other field typed by nvsmi.typed (the validator above)
-cast(Obj, PARTS["health"]).fields["?gpus"] = List(Obj({"uuid": Check(gpu_uuid_problem)}))
-ERRORS = Map(str)  # not a part: what HostFacts.process adds, {part: sentence} of the parts it could not read
+PARTS = {name: f for name, f in Facts.model_fields.items() if name not in ("errors", "head_reach")}
 
 
 def _first_error(exc: pydantic.ValidationError, key: str) -> str:
@@ -490,9 +451,6 @@ def _first_error(exc: pydantic.ValidationError, key: str) -> str:
     return f"{key}.{'.'.join(map(str, err['loc']))} {err['msg'].lower()}"
 
 
-# every field of Facts and the spec its value is walked with: the HostFacts parts, and beside them
-# what HostFacts.process adds (errors) and a worker's probe of its head
-_FIELDS = {**PARTS, "errors": ERRORS, "head_reach": Opt(_obj(HeadReach))}
 # each field's own validator, so a part is validated alone, without building a whole Facts per part
 _ADAPTERS = {name: pydantic.TypeAdapter(cast(Any, Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation))
              for name, f in Facts.model_fields.items()}
@@ -502,10 +460,10 @@ def _typed_part(key: str, value) -> tuple[object, str | None]:
     """(the part typed, None), or (None, one sentence naming the first place it is not of its
     type): walked for the sentence, then validated once by its field's adapter (health's rows
     typed by nvsmi there). A key that is no field of Facts is (None, None)."""
-    spec = _FIELDS.get(key)
-    if spec is None:
+    f = Facts.model_fields.get(key)
+    if f is None:
         return None, None
-    why = _problem(value, spec, key)
+    why = _problem(value, f.annotation, key, f.metadata)
     if why:
         return None, why
     try:
@@ -533,7 +491,7 @@ def parse(facts: Mapping | Facts | None) -> tuple[Facts, list[str]]:
         return Facts(), [f"the host's facts are {shown(facts)}, not an object of HostFacts parts"]
     values: dict[str, Any] = {}
     problems: list[str] = []
-    for key in _FIELDS:
+    for key in Facts.model_fields:
         if key in facts:
             value, why = _typed_part(key, facts[key])
             if why:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from importlib import resources
 
 import jinja2
 
@@ -26,19 +25,10 @@ DEV_CHAR_RULE_TEXT = (
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n')
 
 
-class _PackageLoader(jinja2.BaseLoader):
-    """Templates from the installed package (nemofleet/templates, the repository's top-level
-    templates/ shipped inside the wheel), read with importlib.resources."""
-
-    def get_source(self, environment, template):
-        ref = resources.files("nemofleet").joinpath("templates", template)
-        if not ref.is_file():
-            raise jinja2.TemplateNotFound(template)
-        return ref.read_text(), None, lambda: True
-
-
+# templates from the installed package (nemofleet/templates: the repository's top-level templates/,
+# shipped inside the wheel)
 _env = jinja2.Environment(
-    loader=_PackageLoader(), undefined=jinja2.StrictUndefined,
+    loader=jinja2.PackageLoader("nemofleet", "templates"), undefined=jinja2.StrictUndefined,
     trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
 )
 _env.filters["sh"] = shell.quote  # the drain script's values (templates/nemofleet-drain.sh.j2)

@@ -241,6 +241,18 @@ def reads_host(fallback):
     return wrap
 
 
+def key_values(lines, prefix: str = "") -> dict[str, str]:
+    """`key=value` lines (those that start with `prefix`, which is dropped) -> {key: value}, each
+    stripped; other lines are ignored."""
+    out = {}
+    for line in lines:
+        if line.startswith(prefix):
+            key, sep, value = line[len(prefix):].partition("=")
+            if sep:
+                out[key.strip()] = value.strip()
+    return out
+
+
 def host_json(text: str):
     """JSON a host printed, as dockerd's Go parser reads it: NaN, Infinity and a number beyond
     any float (1e309) are no JSON, nor is nesting deeper than a parser holds. ValueError with the

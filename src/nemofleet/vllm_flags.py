@@ -230,21 +230,12 @@ def check_arg(v: VllmVersion, name: str, value) -> str | None:
     text = str(value)
     if flag.kind == "choice" and text not in flag.choices:
         return f"{name} {text!r} is not one of vLLM {v.version}'s values ({', '.join(flag.choices)})"
-    if flag.kind == "int":
-        try:
-            int(text)
-        except ValueError:
-            return f"{name} needs an integer, not {text!r}"
-    if flag.kind == "float":
-        try:
-            float(text)
-        except ValueError:
-            return f"{name} needs a number, not {text!r}"
-    if flag.kind == "json":
-        try:
-            json.loads(text)
-        except ValueError:
-            return f"{name} needs JSON, not {text!r}"
+    if flag.kind == "int" and not _parses(int, text):
+        return f"{name} needs an integer, not {text!r}"
+    if flag.kind == "float" and not _parses(float, text):
+        return f"{name} needs a number, not {text!r}"
+    if flag.kind == "json" and not _parses(json.loads, text):
+        return f"{name} needs JSON, not {text!r}"
     if name == "--tool-call-parser" and text not in v.tool_parsers:
         return f"tool-call parser {text!r} is not registered in vLLM {v.version}"
     return None
@@ -315,22 +306,11 @@ def build_argparser(version: str):
     v = get(version)
     p = _Parser(prog="vllm serve", allow_abbrev=False)
     p.add_argument("model_tag", nargs="?")
+    kinds: dict[str, dict] = {"bool": dict(action="store_true"), "strs": dict(nargs="+"), "int": dict(type=int),
+                              "float": dict(type=float), "json": dict(type=json.loads)}
     for flag in v.flags.values():
-        dest = flag.name.lstrip("-").replace("-", "_")
-        if flag.kind == "bool":
-            p.add_argument(flag.name, dest=dest, action="store_true")
-        elif flag.kind == "strs":
-            p.add_argument(flag.name, dest=dest, nargs="+")
-        elif flag.kind == "choice":
-            p.add_argument(flag.name, dest=dest, choices=flag.choices)
-        elif flag.kind == "int":
-            p.add_argument(flag.name, dest=dest, type=int)
-        elif flag.kind == "float":
-            p.add_argument(flag.name, dest=dest, type=float)
-        elif flag.kind == "json":
-            p.add_argument(flag.name, dest=dest, type=json.loads)
-        else:
-            p.add_argument(flag.name, dest=dest)
+        kw = dict(choices=flag.choices) if flag.kind == "choice" else kinds.get(flag.kind, {})
+        p.add_argument(flag.name, dest=flag.name.lstrip("-").replace("-", "_"), **kw)
     return p
 
 
@@ -406,37 +386,27 @@ def check_extra(v: VllmVersion, name: str, value) -> str | None:
     values = value if isinstance(value, list) and row.get("nargs") in ("+", "*") else [value]
     for one in values:
         text = one if isinstance(one, str) else json.dumps(one) if isinstance(one, (dict, list)) else str(one)
-        if text.startswith("-") and not _number(text):
+        if text.startswith("-") and not _parses(float, text):
             return f"{name} takes a value, and {text!r} is a flag; give {name} its value"
         if "choices" in row and text not in row["choices"]:
             return (f"{name} {text!r} is not one of vLLM {v.version}'s values ({', '.join(row['choices'])}) "
                     f"(its parser: argument {name}: invalid choice: {text!r})")
         kind = row["type"]
-        if kind == "int" and not _int(text):
+        if kind == "int" and not _parses(int, text):
             return f"{name} needs an integer, not {text!r} (its parser: argument {name}: invalid int value: {text!r})"
         if kind == "int_hr" and not (text == "auto" or __import__("re").fullmatch(r"\d+(\.\d+)?[kKmMgGtT]?", text)):
             return f"{name} needs an integer such as 131072 or 128k, not {text!r}"
-        if kind == "float" and not _number(text):
+        if kind == "float" and not _parses(float, text):
             return f"{name} needs a number, not {text!r} (its parser: argument {name}: invalid float value: {text!r})"
-        if kind == "json" and text[:1] in "{[":
-            try:
-                json.loads(text)
-            except ValueError:
-                return f"{name} needs JSON, not {text!r}"
+        if kind == "json" and text[:1] in "{[" and not _parses(json.loads, text):
+            return f"{name} needs JSON, not {text!r}"
     return None
 
 
-def _int(text: str) -> bool:
+def _parses(kind, text: str) -> bool:
+    """Whether kind(text) (int, float or json.loads) reads the text as the flag's parser would."""
     try:
-        int(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
+        kind(text)
         return True
     except ValueError:
         return False

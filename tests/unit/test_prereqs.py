@@ -239,3 +239,20 @@ def test_make_demo_make_test_and_ci_run_all_use_it():
     assert "prereqs" in rule["demo"].split(":", 1)[1] or "prereqs" in rule["testbed"].split(":", 1)[1]
     assert "prereqs" in rule["test"].split(":", 1)[1]
     assert "sh scripts/prereqs.sh" in makefile
+
+
+def test_the_engine_started_in_the_background_inherits_no_descriptor_of_the_caller(m, tmp_path):
+    """`flock /tmp/testbed.lock .ci/run` started dockerd with the lock's descriptor open, so the lock
+    stayed held for as long as the engine ran (2026-12-07: the next testbed user waited 38 min). The
+    engine gets stdin from /dev/null and descriptors 3 to 9 closed."""
+    m.stub("dockerd", DOCKERD + 'for fd in 0 3 4 5 6 7 8 9; do [ -e "/proc/$$/fd/$fd" ] && '
+                                'readlink "/proc/$$/fd/$fd" >> "$STATE/open"; done; true\n')
+    m.stub("readlink", f"#!/bin/sh\nexec {shutil.which('readlink')} \"$@\"\n")
+    m.flag("engine-starts")
+    lock = tmp_path / "held.lock"
+    with open(lock, "w") as held:  # as flock(1) holds it: a low descriptor, open in the command it runs
+        r = subprocess.run(["/bin/sh", str(SCRIPT)], env=m.env, capture_output=True, text=True, timeout=30,
+                           pass_fds=(5,), preexec_fn=lambda: os.dup2(held.fileno(), 5))
+    assert r.returncode == 0, r.stdout + r.stderr
+    opened = (m.state / "open").read_text() if (m.state / "open").exists() else ""
+    assert str(lock) not in opened and "/dev/null" in opened, opened

@@ -10,7 +10,7 @@ from . import PARTS, Fact
 from ..factmodel import Facts
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
-from ..valuetypes import host_number
+from ..valuetypes import host_number, key_values
 from . import docker, lock, weights  # noqa: F401  (imported for the parts their facts declare)
 from .gpu import TIMED_OUT
 from .gpuhealth import SMI_HUNG
@@ -40,12 +40,7 @@ class OsRelease(Fact, part="os"):
         return {}
 
     def parse(self, output):
-        out = {}
-        for line in output:
-            key, sep, value = line.partition("=")
-            if sep:
-                out[key.strip()] = value.strip().strip('"')
-        return out
+        return {key: value.strip('"') for key, value in key_values(output).items()}
 
 
 DISK_TIMEOUT = 20  # seconds for df and the models listing on a (possibly network) filesystem
@@ -71,12 +66,7 @@ class Release(Fact, part="release"):
         return "cat /var/lib/nemofleet/release 2>/dev/null || true"
 
     def parse(self, output):
-        out = {}
-        for line in output:
-            key, sep, value = line.partition("=")
-            if sep:
-                out[key.strip()] = value.strip()
-        return out or None
+        return key_values(output) or None
 
 
 class GpuAccessRecord(Fact, part="gpu_access"):

@@ -11,5 +11,4 @@ further up.
 
 from __future__ import annotations
 
-from ..factmodel import (ANY, ERRORS, MAX_FILE, MAX_TEXT, PARTS, TEXT, UNIX_MAX, Check, Int, List, Map,  # noqa: F401
-                         Obj, Opt, part_problem)
+from ..factmodel import PARTS, part_problem  # noqa: F401

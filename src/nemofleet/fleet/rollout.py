@@ -215,24 +215,6 @@ def _failure_line(out: str) -> str:
     return next((ln.strip() for ln in out.splitlines() if "refused" in ln or "rror" in ln), out.strip()[-200:])
 
 
-def _recover(inventory: str, res: HostResult, before: HostState, window: float, log) -> None:
-    """After a failed deploy or gate: roll back only a host the deploy changed."""
-    after = read_state(inventory, res.host)
-    if after is not None and not after.changed_from(before):
-        res.new = after.release
-        res.detail += "; the host still runs its release (nothing to roll back)"
-        return
-    if not before.release:
-        res.detail += "; no earlier release to roll back to"
-        return
-    with ticking(log, f"{res.host}: rolling back to {before.release}"):
-        ok, text = rollback_host(inventory, res.host, expect=before.release, window=window)
-    back, _ = gate(inventory, res.host, window, log=log) if ok else (False, "")
-    res.result = "rolled back" if ok and back else "failed, rollback failed"
-    res.detail += f"; {text}"
-    res.new = (read_state(inventory, res.host) or HostState(None, None)).release
-
-
 def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, log=print,
                session: "driver.Session | None" = None) -> HostResult:
     t0 = time.time()
@@ -258,15 +240,16 @@ def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, 
         res.result, res.detail = ("ok", detail) if ok else ("failed", f"health gate: {detail}")
         res.new = (read_state(inventory, host) or HostState(None, None)).release
     if res.result == "failed":
-        _recover(inventory, res, before, window, log)
+        _recover(inventory, [res], {host: before}, window, log)
     res.seconds = time.time() - t0
     audit(inventory, host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
     return res
 
 
-def _recover_group(inventory: str, results: list[HostResult], before: dict, window: float, log) -> None:
-    """A group that failed: every member the deploy changed goes back to the release it replaced,
-    all together (the members of one model must run one release), then the head is gated."""
+def _recover(inventory: str, results: list[HostResult], before: dict, window: float, log) -> None:
+    """After a failed deploy or gate, of one host or of a group: only a host the deploy changed is
+    rolled back, every member to the release it replaced, all together (the members of one model
+    must run one release), then the host or the group's head is gated."""
     changed = []
     for res in results:
         after = read_state(inventory, res.host)
@@ -279,7 +262,9 @@ def _recover_group(inventory: str, results: list[HostResult], before: dict, wind
             changed.append(res)
     if not changed:
         return
-    with ticking(log, f"{', '.join(r.host for r in changed)}: rolling back"), \
+    label = (f"{results[0].host}: rolling back to {before[results[0].host].release}" if len(results) == 1 else
+             f"{', '.join(r.host for r in changed)}: rolling back")
+    with ticking(log, label), \
             ThreadPoolExecutor(max_workers=len(changed)) as pool:
         back = list(pool.map(lambda r: rollback_host(inventory, r.host, expect=before[r.host].release,
                                                      window=window), changed))
@@ -323,7 +308,7 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
         if not failed:
             res.new = (read_state(inventory, res.host) or HostState(None, None)).release
     if failed:
-        _recover_group(inventory, results, before, window, log)
+        _recover(inventory, results, before, window, log)
     for res in results:
         res.seconds = time.time() - t0
         audit(inventory, res.host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}"

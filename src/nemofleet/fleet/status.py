@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from .. import hostcmd as commands
 from .. import inputs, render
 from ..spec import to_resolve
-from ..valuetypes import host_number, host_time, reads_host
+from ..valuetypes import host_number, host_time, key_values, reads_host
 from . import driver, gateway
 
 _UP = re.compile(r'nemofleet_vllm_up\{instance="([^"]+)".*\} ([01])$')
@@ -55,13 +55,7 @@ class HostStatus:
 @reads_host(lambda why, lines: {})
 def _record(lines: list[str]) -> dict:
     """`release key=value` lines (the release record as the status script prints it) -> {key: value}."""
-    out = {}
-    for ln in lines:
-        if ln.startswith("release "):
-            k, sep, v = ln[len("release "):].partition("=")
-            if sep:
-                out[k.strip()] = v.strip()
-    return out
+    return key_values(lines, "release ")
 
 
 @reads_host(lambda why, lines: [f"last canary gate: {why}"])
