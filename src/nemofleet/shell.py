@@ -43,8 +43,13 @@ def own_names(names: Iterable, pattern: str) -> list[str]:
     return [n for n in names if isinstance(n, str) and rx.fullmatch(n)]
 
 
+def sha256_ok(path: str, sha256: str) -> str:
+    """A shell condition: `path` (on the host) has this SHA-256."""
+    return f"echo {quote(sha256 + '  ' + path)} | timeout 3600 sha256sum -c --quiet >/dev/null 2>&1"
+
+
 def sha256_check(path: str, sha256: str, what: str) -> str:
     """`path` (on the host) has this SHA-256, else it is removed and the command fails saying so
     (a part of a signed bundle, checked on arrival)."""
-    return (f"echo {quote(sha256 + '  ' + path)} | timeout 3600 sha256sum -c --quiet >/dev/null 2>&1 || "
+    return (f"{sha256_ok(path, sha256)} || "
             f"{{ rm -f {quote(path)}; {say(f'{what} arrived changed: its SHA-256 does not match the signed manifest')}; exit 1; }}")
