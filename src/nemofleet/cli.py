@@ -153,7 +153,7 @@ def cmd_plan(a) -> int:
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
-    from .plantext import lines  # columns sized to their content (8-GPU instances, long names)
+    from .plan_table import lines  # columns sized to their content (8-GPU instances, long names)
 
     # a warning that several hosts share is said once, after the hosts, naming them
     warned: dict[str, list[str]] = {}

@@ -25,7 +25,7 @@ from . import planning
 from .inputs import GATEWAY_GROUP, SECRET_KEYS, HostInputs, make  # noqa: F401
 from .gpuaccess import effective_cgroup_driver
 from .factmodel import Facts, ModelDir
-from .planmodel import Plan
+from .plan_types import Plan
 from .secret import SshPublicKey, reveal
 from . import valuetypes as vt
 from .valuetypes import Refusal

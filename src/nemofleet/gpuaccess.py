@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from . import versions
 
-from .planmodel import PlanError
+from .plan_types import PlanError
 
 def gpu_access(s, docker_version, cdi_available, cgroup_version, cgroup_driver):
     """(method, daemon.json exec-opts, warnings): how containers get GPUs, and the remedy for the

@@ -1,6 +1,6 @@
 """The layout planner: what a host's settings decide (Ctx), the flags and memory of one instance
 shape, and the layout of one GPU model (the TP and the number of instances that fit, with why).
-plan.py plans a host with it and multinode.py a serving group member; planprose.py words its
+plan.py plans a host with it and multinode.py a serving group member; plan_prose.py words its
 refusals, warnings and departures.
 """
 
@@ -16,7 +16,7 @@ from . import models as catalog
 from . import flagtable, recipes, settings, versions, vllm_flags
 from .factmodel import ModelDir
 from .memory import Memory
-from .planmodel import CONTAINER_PORT, GIB, Gpu, MIB, PlanError, TP_SIZES
+from .plan_types import CONTAINER_PORT, GIB, Gpu, MIB, PlanError, TP_SIZES
 
 
 # ---------------------------------------------------------------------------- host-wide inputs

@@ -29,7 +29,7 @@ from . import vllm_flags
 from .factmodel import Facts, Health, ModelDir, PeerMissing
 from .layout import Ctx, NoFit, fit_layout, memory_for, planned_flags, validate, viable
 from .plan import finish, start
-from .planmodel import GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, gpus_from_facts
+from .plan_types import GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, gpus_from_facts
 
 # Interfaces that never carry group traffic: loopback and container/overlay plumbing.
 _PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|vxlan.*|"

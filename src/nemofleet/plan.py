@@ -26,14 +26,14 @@ from .memory import Memory
 from .gpuaccess import gpu_access
 from .layout import (Ctx, Layout, NoFit, context, extra_args, fit_layout, memory_for,
                      planned_flags, validate)
-from .planmodel import Gpu, Instance, INSTANCE_NAME, MIB, Mount, Plan, PlanError
-from .planprose import departures, precision_warning, refusal, safe_line_warning, unverified_arch_warning
+from .plan_types import Gpu, Instance, INSTANCE_NAME, MIB, Mount, Plan, PlanError
+from .plan_prose import departures, precision_warning, refusal, safe_line_warning, unverified_arch_warning
 
-# the plan's public API: make_plan and what it returns (its data model is planmodel.py's; the
+# the plan's public API: make_plan and what it returns (its data model is plan_types.py's; the
 # GPU access policy gpuaccess.py's; vLLM's batch defaults the layout planner's), re-exported here
 from .gpuaccess import effective_cgroup_driver  # noqa: E402,F401
 from .layout import vllm_batch_defaults  # noqa: E402,F401
-from .planmodel import CONTAINER_PORT, GIB, Departure, GroupRole, gpus_from_facts  # noqa: E402,F401
+from .plan_types import CONTAINER_PORT, GIB, Departure, GroupRole, gpus_from_facts  # noqa: E402,F401
 
 __all__ = ["CONTAINER_PORT", "GIB", "Departure", "Gpu", "GroupRole", "Instance", "Memory", "Mount", "Plan", "PlanError",
            "make_plan", "effective_cgroup_driver", "gpus_from_facts", "vllm_batch_defaults"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from . import factmodel, gpuhealth
-from .planmodel import Plan
+from .plan_types import Plan
 from . import vllm_flags
 from .nvsmi import REFUSED_FIELD
 from .settings import Settings

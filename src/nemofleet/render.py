@@ -17,7 +17,7 @@ import jinja2
 from . import paths, remote, shell
 from .nvsmi import HEALTH_FIELDS, RESETS_FILE
 from .gpuhealth import DRAIN_XIDS
-from .planmodel import CONTAINER_PORT, Instance, Plan
+from .plan_types import CONTAINER_PORT, Instance, Plan
 
 DEV_CHAR_RULE_TEXT = (
     "# Managed by nemofleet: /dev/char links for NVIDIA devices (NVIDIA Container Toolkit, runc)\n"

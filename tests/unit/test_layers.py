@@ -62,7 +62,7 @@ PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.gateway", "nemo
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
         "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
         "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",
-        "nemofleet.planmodel", "nemofleet.layout", "nemofleet.planprose", "nemofleet.gpuaccess", "nemofleet.factmodel")
+        "nemofleet.plan_types", "nemofleet.layout", "nemofleet.plan_prose", "nemofleet.gpuaccess", "nemofleet.factmodel")
 
 
 def test_the_decision_modules_import_no_pyinfra_operations_facts_or_fleet():
@@ -144,8 +144,8 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_import_tower_is_at_most_eleven_modules_high():
     # issue 47: it was 13 (cli -> fleet.status -> desired -> preflight -> planning -> multinode -> plan ->
-    # planprose -> layout -> planmodel -> factmodel -> nvsmi -> valuetypes); preflight no longer imports
-    # the planner, the planner takes Settings (no parser below the spec) and planmodel no facts
+    # plan_prose -> layout -> plan_types -> factmodel -> nvsmi -> valuetypes); preflight no longer imports
+    # the planner, the planner takes Settings (no parser below the spec) and plan_types no facts
     chain = longest_chain(_graph())
     assert len(chain) <= 11, " -> ".join(chain)
 

@@ -11,7 +11,7 @@ from nemofleet import factmodel, memory, recipes, settings, vllm_flags
 from nemofleet.models import CATALOG
 from nemofleet.plan import GIB, Gpu, PlanError
 from opharness import make_plan  # noqa: E402
-from nemofleet.plantext import gpu_ranges, table
+from nemofleet.plan_table import gpu_ranges, table
 from nemofleet_testbed import load_profiles
 
 GOLDEN = Path(__file__).with_name("golden_plans.json")
@@ -671,7 +671,7 @@ def test_each_departure_from_a_recipe_is_one_line_with_the_setting_that_restores
     assert vl.to_dict()["departures"] == vl.departures
     for p in (lt, vl):
         assert all("\n" not in x and "seed 00" not in x for x in p.departures)
-    from nemofleet.plantext import lines
+    from nemofleet.plan_table import lines
     assert sum(line.startswith("departure: ") for line in lines(vl.to_dict())) == len(vl.departures)
 
 

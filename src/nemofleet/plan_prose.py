@@ -16,7 +16,7 @@ from . import memory as mem_model
 from . import recipes, vllm_flags
 from .layout import (Ctx, Layout, NoFit, context, fit_layout, halves, planned_flags, recipe_rows, unified_util,
                      vllm_batch_defaults)
-from .planmodel import Departure, GIB, Gpu, MIB, PlanError, TP_SIZES
+from .plan_types import Departure, GIB, Gpu, MIB, PlanError, TP_SIZES
 
 
 # ---------------------------------------------------------------------------- refusals
