@@ -13,6 +13,7 @@ model's maximum, TP that does not divide the GPUs) is the serving plan's job.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import dataclasses
 from dataclasses import dataclass
@@ -47,12 +48,6 @@ NO_PROXY = r"[A-Za-z0-9.,:/*\[\]-]+"
 # Docker's built-in log drivers (a plugin driver: set it in daemon.json and docker_log_driver: none)
 LOG_DRIVERS = ("json-file", "local", "journald", "syslog", "fluentd", "gelf", "awslogs", "splunk", "gcplogs",
                "logentries", "etwlogs", "none")
-
-
-def _ip(value) -> str | None:
-    """An IPv4 or IPv6 address, as Docker's -p takes it (a name or 'a:b' is not one), without an
-    IPv6 scope id (valuetypes.ip_problem)."""
-    return vt.ip_problem(value)
 
 
 def _pem_key(value) -> str | None:
@@ -383,7 +378,7 @@ class Settings(_Typed):
     instance_extra_args: vt.FrozenMap = key((_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
         check=_instance_flags)
     port_base: int = key((_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535)
-    bind_address: str = key((_S,), "127.0.0.1", "address the ports are published on", "serving", check=_ip)
+    bind_address: str = key((_S,), "127.0.0.1", "address the ports are published on", "serving", check=vt.ip_problem)
     instance_prefix: str = key((_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}")
     drain_seconds: int = key((_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
         minimum=0, maximum=3600)
@@ -461,7 +456,7 @@ class Settings(_Typed):
     front_door_port: int = key((_I,), 8800, "port of the front door (on 127.0.0.1 and front_door_address)", "front_door",
         minimum=1, maximum=65535)
     front_door_address: Optional[str] = key((_S, _N), None, "address the front door also listens on for containers (none: "
-        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip)
+        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=vt.ip_problem)
     front_door_timeout: int = key((_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
         "(and at the gateway)", "front_door", minimum=30, maximum=86400)
     # --- multi-node serving groups (one model over several hosts on vLLM's own distributed runtime)
@@ -493,7 +488,7 @@ class Settings(_Typed):
         check=_gateway_backends)
     gateway_port: int = key((_I,), 8800, "port of the gateway's one endpoint", "gateway", minimum=1, maximum=65535)
     gateway_address: str = key((_S,), "0.0.0.0", "address the gateway listens on (0.0.0.0: every address)", "gateway",
-        check=_ip)
+        check=vt.ip_problem)
     gateway_fall: int = key((_I,), 3, "failed /health checks (2 s apart) before the gateway ejects a backend",
         "gateway", minimum=1, maximum=100)
     gateway_rise: int = key((_I,), 2, "passed /health checks before an ejected backend takes requests again",
@@ -595,7 +590,8 @@ def _typed(key: Key, value):
     return vt.frozen(value)  # lists as tuples, mappings as FrozenMaps, all the way down
 
 
-def _pyinfra_keys() -> frozenset[str]:
+@functools.cache
+def pyinfra_keys() -> frozenset[str]:
     """Host-data keys pyinfra itself reads: every connector's data_meta (ssh_*, docker_identifier...)."""
     names: set[str] = set()
     try:
@@ -609,16 +605,6 @@ def _pyinfra_keys() -> frozenset[str]:
     except Exception:
         pass
     return frozenset(names)
-
-
-_PYINFRA = None
-
-
-def pyinfra_keys() -> frozenset[str]:
-    global _PYINFRA
-    if _PYINFRA is None:
-        _PYINFRA = _pyinfra_keys()
-    return _PYINFRA
 
 
 # the longest one-line value any setting holds (an image reference, a URL, a no_proxy list...): longer
