@@ -32,7 +32,6 @@ NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$
 # No control characters anywhere (a newline in a value could add a cron line, a unit directive
 # or an env-file variable); printable text only.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-URL = r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@/%-]*)?"
 # URLs that end up inside double-quoted systemd Environment= lines or JSON: no quotes, %, $,
 # backslash or spaces
 SAFE_URL = r"https?://[A-Za-z0-9.\-\[\]:@]+(/[A-Za-z0-9._~+,;=:@/-]*)?"
@@ -620,7 +619,7 @@ def _check(key: Key, value) -> str | None:
     if (isinstance(value, bool) and bool not in key.types) or not isinstance(value, key.types):
         # a secret (or a URL, which may hold credentials) of the wrong type is named by its type
         # alone: the value may still be the secret
-        hide = key.secret or key.pattern in (URL, SAFE_URL)
+        hide = key.secret or key.pattern == SAFE_URL
         return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.kind(value) if hide else vt.shown(value)}"
     if key.choices is not None and value not in key.choices:
         shown = [str(c) for c in key.choices if c]
@@ -648,7 +647,7 @@ def _check(key: Key, value) -> str | None:
                     f"use {use}")
         if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
-        if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
+        if key.pattern == SAFE_URL and "://" not in text and not key.secret:
             # shown as the URL it should be, so that its credentials (user:password@) are hidden too
             return f"{key.name}: {vt.shown('https://' + text)[9:-1]} needs a scheme, e.g. {vt.shown('https://' + text)[1:-1]}"
         if key.pattern and not re.fullmatch(key.pattern, text):
