@@ -50,8 +50,6 @@ LOG_DRIVERS = ("json-file", "local", "journald", "syslog", "fluentd", "gelf", "a
 
 
 def _pem_key(value) -> str | None:
-    if value is None:
-        return None
     text = value.strip()
     lines = text.splitlines()
     if not (len(lines) > 1 and lines[0].startswith("-----BEGIN ") and lines[-1].startswith("-----END")):
@@ -80,7 +78,7 @@ class Key:
     maximum: float | None = None
     secret: bool = False
     multiline: bool = False  # a PEM key: newlines allowed, other control characters not
-    check: Callable[[Any], str | None] | None = None  # extra check: a sentence or None
+    check: Callable[[Any], str | None] | None = None  # extra check of a value of `types` (not None): a sentence or None
 
     def type_name(self) -> str:
         names = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "mapping",
@@ -89,8 +87,6 @@ class Key:
 
 
 def _frontends(value) -> str | None:
-    if not isinstance(value, list):
-        return "must be a list of mappings {name, network, alias, create}"
     for fe in value:
         if not isinstance(fe, dict) or not isinstance(fe.get("network"), str):
             return "must be a list of mappings with a network name (and alias, create)"
@@ -194,8 +190,6 @@ GROUP_NAME = r"[a-z0-9][a-z0-9-]{0,30}"
 
 
 def _members(value) -> str | None:
-    if value is None:
-        return None
     if not isinstance(value, list) or len(value) < 2 or not all(isinstance(h, str) and re.fullmatch(HOSTNAME, h)
                                                                 for h in value):
         return "must be a list of at least two inventory host names (the head first)"
