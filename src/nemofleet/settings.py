@@ -549,11 +549,8 @@ class Settings(_Typed):
     __str__ = __repr__
 
 
-def _key_of(name: str, field: Any) -> Key:
-    return dataclasses.replace(field.json_schema_extra["nemofleet"], name=name)
-
-
-KEYS: list[Key] = [_key_of(name, field) for name, field in Settings.model_fields.items()]
+KEYS: list[Key] = [dataclasses.replace(cast(dict, field.json_schema_extra)["nemofleet"], name=name)
+                   for name, field in Settings.model_fields.items()]
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
 
@@ -578,8 +575,6 @@ def _typed(key: Key, value):
         return str(value)  # --data 580 arrives as a number
     if key.name == "speculative" and value == "":
         return "none"
-    if float in key.types and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     return vt.frozen(value)  # lists as tuples, mappings as FrozenMaps, all the way down
 
 
