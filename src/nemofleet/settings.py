@@ -29,9 +29,6 @@ from .secret import Secret
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 
-# No control characters anywhere (a newline in a value could add a cron line, a unit directive
-# or an env-file variable); printable text only.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # URLs that end up inside double-quoted systemd Environment= lines or JSON: no quotes, %, $,
 # backslash or spaces
 SAFE_URL = r"https?://[A-Za-z0-9.\-\[\]:@]+(/[A-Za-z0-9._~+,;=:@/-]*)?"
@@ -127,7 +124,7 @@ def _flag_map(value) -> str | None:
             return f"flag {k} has {vt.shown(v)}, not a finite number"
         if vt.flag_value_problem(v):
             return f"flag {k} {vt.flag_value_problem(v)}"
-        if _CONTROL.search(str(v)):
+        if vt.CONTROL.search(str(v)):
             return f"flag {k} has a control character in its value"
     return None
 
@@ -634,7 +631,7 @@ def _check(key: Key, value) -> str | None:
             return (f"{key.name} is {len(text)} characters long: now refused because a value of it is at most "
                     f"{MAX_PEM if key.multiline else MAX_TEXT} characters (one line of a unit or config file); "
                     f"use {use}")
-        if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
+        if vt.CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
         if key.pattern == SAFE_URL and "://" not in text and not key.secret:
             # shown as the URL it should be, so that its credentials (user:password@) are hidden too
@@ -647,12 +644,6 @@ def _check(key: Key, value) -> str | None:
         if why:
             return f"{key.name} {why}"
     return None
-
-
-def unknown_key_sentence(name: str) -> str:
-    close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
-    return f"unknown setting {vt.shown(name)}{hint}"
 
 
 # pyinfra's own secret host data (connector passwords, the sudo/su password argument)
@@ -680,12 +671,6 @@ def command_line_secret(name, value=None) -> str | None:
     return None
 
 
-def is_foreign(name: str) -> bool:
-    """Keys nemofleet does not own but accepts: pyinfra's global arguments (_sudo, ...) and
-    connector data (ssh_user, ...)."""
-    return name.startswith("_") or name in pyinfra_keys()
-
-
 def parse(data: dict) -> Settings:
     """Host data -> Settings (defaults filled in). Raises SettingsError with one sentence per bad key."""
     problems = []
@@ -696,8 +681,12 @@ def parse(data: dict) -> Settings:
     if odd:
         raise SettingsError([f"setting names must be strings; {vt.shown(odd[0])} ({type(odd[0]).__name__}) is not one"])
     for name in sorted(data):
-        if name not in BY_NAME and not is_foreign(name):
-            problems.append(unknown_key_sentence(name))
+        # keys nemofleet does not own but accepts: pyinfra's global arguments (_sudo, ...) and
+        # connector data (ssh_user, ...)
+        if name not in BY_NAME and not name.startswith("_") and name not in pyinfra_keys():
+            close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
+            problems.append(f"unknown setting {vt.shown(name)}{hint}")
     for key in KEYS:
         value = data[key.name] if key.name in data else key.default
         try:

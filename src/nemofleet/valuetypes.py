@@ -16,7 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Callable, Literal, overload
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# No control characters anywhere (a newline in a value could add a cron line, a unit directive
+# or an env-file variable); printable text only.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FrozenMap(dict):
@@ -329,7 +331,7 @@ def text_problem(value) -> str | None:
     directive, HAProxy statement or env-file variable)."""
     if not isinstance(value, str):
         return f"must be a string, not {shown(value)}"
-    if _CONTROL.search(value):
+    if CONTROL.search(value):
         return f"{shown(value)} has a control character (newline, tab...)"
     return None
 
