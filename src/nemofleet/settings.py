@@ -558,8 +558,7 @@ def _typed(key: Key, value):
     if key.secret:
         return Secret(value)
     if key.name == "frontends":
-        return tuple(Frontend(network=f["network"], name=f.get("name"), alias=f.get("alias"),
-                              create=bool(f.get("create"))) for f in value)
+        return tuple(Frontend(**{k: v for k, v in f.items() if v is not None}) for f in value)  # unset: the default
     if key.name == "gateway_backends":
         return tuple(GatewayBackend(host=b["host"], port=b["port"], name=b.get("name") or f"{b['host']}:{b['port']}")
                      for b in value)
