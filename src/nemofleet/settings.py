@@ -616,8 +616,6 @@ def _check(key: Key, value) -> str | None:
             return f"{key.name} {vt.shown(value)} must be at least {key.minimum:g}"
         if key.maximum is not None and value > key.maximum:
             return f"{key.name} {vt.shown(value)} must be at most {key.maximum:g}"
-        if value > vt.INT_MAX:
-            return f"{key.name} {vt.shown(value)} must be at most {vt.INT_MAX}"
     if isinstance(value, list) and key.pattern and not all(isinstance(i, str) for i in value):
         return f"{key.name} must be a list of strings ({key.doc}), not {vt.shown(value)}"
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
