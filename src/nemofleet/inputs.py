@@ -119,12 +119,6 @@ def _pinned(s: settings_mod.Settings, commits: Mapping, refusals: list, warnings
     return s.model_copy(update={"model": model})
 
 
-def _seeded(s: settings_mod.Settings, seeds) -> settings_mod.Settings:
-    """The settings with this run's fan-out sources (fanout.Run.seed_from) as weights_seed_from."""
-    peers = tuple(settings_mod.SeedPeer(**p) for p in seeds)
-    return s.model_copy(update={"weights_seed_from": peers})
-
-
 def gather(specs: Mapping[str, HostSpec], facts: Mapping, *, hosts=None, commits: Mapping | None = None,
            seeds: Mapping | None = None, lock_token: str | None = None, now: float = 0.0,
            operator: str = "root") -> dict[str, HostInputs]:
@@ -173,8 +167,8 @@ def of(sp: HostSpec, facts, *, lock_token: str | None = None, now: float = 0.0, 
             refusals.append(f"serving_group {s.serving_group}: pin the model revision to a 40-hex commit; "
                             "every member must load the same snapshot, and a branch is resolved by each member "
                             "on its own")
-    if s is not None and seeds:
-        s = _seeded(s, seeds)
+    if s is not None and seeds:  # this run's fan-out sources (fanout.Run.seed_from) as weights_seed_from
+        s = s.model_copy(update={"weights_seed_from": tuple(settings_mod.SeedPeer(**p) for p in seeds)})
     return HostInputs(name=sp.name, settings=s, facts=typed, secrets=MappingProxyType(sp.secrets), groups=sp.groups,
                       refusals=tuple(refusals), warnings=tuple(warnings), operator=operator, now=now,
                       peers=MappingProxyType(dict(peers)) if peers is not None else None,

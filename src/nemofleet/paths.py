@@ -42,9 +42,5 @@ FRONT_DOOR_BACKEND = "vllm"
 DRAIN_SCRIPT = "/usr/local/bin/nemofleet-drain"  # take an instance out of the front door, restart, put back
 
 
-def unit_name(instance: str) -> str:
-    return f"{UNIT_PREFIX}{instance}.service"
-
-
 def unit_path(instance: str) -> str:
-    return f"{UNIT_DIR}/{unit_name(instance)}"
+    return f"{UNIT_DIR}/{UNIT_PREFIX}{instance}.service"

@@ -13,6 +13,7 @@ model's maximum, TP that does not divide the GPUs) is the serving plan's job.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import dataclasses
 from dataclasses import dataclass
@@ -28,10 +29,6 @@ from .secret import Secret
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.27.1"
 NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
 
-# No control characters anywhere (a newline in a value could add a cron line, a unit directive
-# or an env-file variable); printable text only.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-URL = r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@/%-]*)?"
 # URLs that end up inside double-quoted systemd Environment= lines or JSON: no quotes, %, $,
 # backslash or spaces
 SAFE_URL = r"https?://[A-Za-z0-9.\-\[\]:@]+(/[A-Za-z0-9._~+,;=:@/-]*)?"
@@ -49,15 +46,7 @@ LOG_DRIVERS = ("json-file", "local", "journald", "syslog", "fluentd", "gelf", "a
                "logentries", "etwlogs", "none")
 
 
-def _ip(value) -> str | None:
-    """An IPv4 or IPv6 address, as Docker's -p takes it (a name or 'a:b' is not one), without an
-    IPv6 scope id (valuetypes.ip_problem)."""
-    return vt.ip_problem(value)
-
-
 def _pem_key(value) -> str | None:
-    if value is None:
-        return None
     text = value.strip()
     lines = text.splitlines()
     if not (len(lines) > 1 and lines[0].startswith("-----BEGIN ") and lines[-1].startswith("-----END")):
@@ -86,7 +75,7 @@ class Key:
     maximum: float | None = None
     secret: bool = False
     multiline: bool = False  # a PEM key: newlines allowed, other control characters not
-    check: Callable[[Any], str | None] | None = None  # extra check: a sentence or None
+    check: Callable[[Any], str | None] | None = None  # extra check of a value of `types` (not None): a sentence or None
 
     def type_name(self) -> str:
         names = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "mapping",
@@ -95,8 +84,6 @@ class Key:
 
 
 def _frontends(value) -> str | None:
-    if not isinstance(value, list):
-        return "must be a list of mappings {name, network, alias, create}"
     for fe in value:
         if not isinstance(fe, dict) or not isinstance(fe.get("network"), str):
             return "must be a list of mappings with a network name (and alias, create)"
@@ -137,7 +124,7 @@ def _flag_map(value) -> str | None:
             return f"flag {k} has {vt.shown(v)}, not a finite number"
         if vt.flag_value_problem(v):
             return f"flag {k} {vt.flag_value_problem(v)}"
-        if _CONTROL.search(str(v)):
+        if vt.CONTROL.search(str(v)):
             return f"flag {k} has a control character in its value"
     return None
 
@@ -200,8 +187,6 @@ GROUP_NAME = r"[a-z0-9][a-z0-9-]{0,30}"
 
 
 def _members(value) -> str | None:
-    if value is None:
-        return None
     if not isinstance(value, list) or len(value) < 2 or not all(isinstance(h, str) and re.fullmatch(HOSTNAME, h)
                                                                 for h in value):
         return "must be a list of at least two inventory host names (the head first)"
@@ -383,7 +368,7 @@ class Settings(_Typed):
     instance_extra_args: vt.FrozenMap = key((_D,), {}, "extra flags per instance {instance: {flag: value|true}}", "serving",
         check=_instance_flags)
     port_base: int = key((_I,), 8000, "first host port (one per instance)", "serving", minimum=1, maximum=65535)
-    bind_address: str = key((_S,), "127.0.0.1", "address the ports are published on", "serving", check=_ip)
+    bind_address: str = key((_S,), "127.0.0.1", "address the ports are published on", "serving", check=vt.ip_problem)
     instance_prefix: str = key((_S,), "nemotron-", "container name prefix", "serving", pattern=r"[a-z0-9][a-z0-9_.-]{0,30}")
     drain_seconds: int = key((_I,), 30, "vLLM --shutdown-timeout: seconds in-flight requests get on stop", "serving",
         minimum=0, maximum=3600)
@@ -461,7 +446,7 @@ class Settings(_Typed):
     front_door_port: int = key((_I,), 8800, "port of the front door (on 127.0.0.1 and front_door_address)", "front_door",
         minimum=1, maximum=65535)
     front_door_address: Optional[str] = key((_S, _N), None, "address the front door also listens on for containers (none: "
-        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=_ip)
+        "the Docker bridge gateway, what host-gateway resolves to)", "front_door", check=vt.ip_problem)
     front_door_timeout: int = key((_I,), 3600, "seconds a request (a long streamed generation) may last at the front door "
         "(and at the gateway)", "front_door", minimum=30, maximum=86400)
     # --- multi-node serving groups (one model over several hosts on vLLM's own distributed runtime)
@@ -493,7 +478,7 @@ class Settings(_Typed):
         check=_gateway_backends)
     gateway_port: int = key((_I,), 8800, "port of the gateway's one endpoint", "gateway", minimum=1, maximum=65535)
     gateway_address: str = key((_S,), "0.0.0.0", "address the gateway listens on (0.0.0.0: every address)", "gateway",
-        check=_ip)
+        check=vt.ip_problem)
     gateway_fall: int = key((_I,), 3, "failed /health checks (2 s apart) before the gateway ejects a backend",
         "gateway", minimum=1, maximum=100)
     gateway_rise: int = key((_I,), 2, "passed /health checks before an ejected backend takes requests again",
@@ -561,11 +546,8 @@ class Settings(_Typed):
     __str__ = __repr__
 
 
-def _key_of(name: str, field: Any) -> Key:
-    return dataclasses.replace(field.json_schema_extra["nemofleet"], name=name)
-
-
-KEYS: list[Key] = [_key_of(name, field) for name, field in Settings.model_fields.items()]
+KEYS: list[Key] = [dataclasses.replace(cast(dict, field.json_schema_extra)["nemofleet"], name=name)
+                   for name, field in Settings.model_fields.items()]
 BY_NAME: dict[str, Key] = {k.name: k for k in KEYS}
 
 
@@ -576,8 +558,7 @@ def _typed(key: Key, value):
     if key.secret:
         return Secret(value)
     if key.name == "frontends":
-        return tuple(Frontend(network=f["network"], name=f.get("name"), alias=f.get("alias"),
-                              create=bool(f.get("create"))) for f in value)
+        return tuple(Frontend(**{k: v for k, v in f.items() if v is not None}) for f in value)  # unset: the default
     if key.name == "gateway_backends":
         return tuple(GatewayBackend(host=b["host"], port=b["port"], name=b.get("name") or f"{b['host']}:{b['port']}")
                      for b in value)
@@ -590,12 +571,11 @@ def _typed(key: Key, value):
         return str(value)  # --data 580 arrives as a number
     if key.name == "speculative" and value == "":
         return "none"
-    if float in key.types and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     return vt.frozen(value)  # lists as tuples, mappings as FrozenMaps, all the way down
 
 
-def _pyinfra_keys() -> frozenset[str]:
+@functools.cache
+def pyinfra_keys() -> frozenset[str]:
     """Host-data keys pyinfra itself reads: every connector's data_meta (ssh_*, docker_identifier...)."""
     names: set[str] = set()
     try:
@@ -611,16 +591,6 @@ def _pyinfra_keys() -> frozenset[str]:
     return frozenset(names)
 
 
-_PYINFRA = None
-
-
-def pyinfra_keys() -> frozenset[str]:
-    global _PYINFRA
-    if _PYINFRA is None:
-        _PYINFRA = _pyinfra_keys()
-    return _PYINFRA
-
-
 # the longest one-line value any setting holds (an image reference, a URL, a no_proxy list...): longer
 # is a paste gone wrong, never a plan, and it would be echoed into units and files; a PEM key may be
 # longer
@@ -634,7 +604,7 @@ def _check(key: Key, value) -> str | None:
     if (isinstance(value, bool) and bool not in key.types) or not isinstance(value, key.types):
         # a secret (or a URL, which may hold credentials) of the wrong type is named by its type
         # alone: the value may still be the secret
-        hide = key.secret or key.pattern in (URL, SAFE_URL)
+        hide = key.secret or key.pattern == SAFE_URL
         return f"{key.name} ({key.doc}) must be a {key.type_name()}, not {vt.kind(value) if hide else vt.shown(value)}"
     if key.choices is not None and value not in key.choices:
         shown = [str(c) for c in key.choices if c]
@@ -646,8 +616,6 @@ def _check(key: Key, value) -> str | None:
             return f"{key.name} {vt.shown(value)} must be at least {key.minimum:g}"
         if key.maximum is not None and value > key.maximum:
             return f"{key.name} {vt.shown(value)} must be at most {key.maximum:g}"
-        if value > vt.INT_MAX:
-            return f"{key.name} {vt.shown(value)} must be at most {vt.INT_MAX}"
     if isinstance(value, list) and key.pattern and not all(isinstance(i, str) for i in value):
         return f"{key.name} must be a list of strings ({key.doc}), not {vt.shown(value)}"
     items = value if isinstance(value, list) else [value] if isinstance(value, (str, int)) else []
@@ -660,9 +628,9 @@ def _check(key: Key, value) -> str | None:
             return (f"{key.name} is {len(text)} characters long: now refused because a value of it is at most "
                     f"{MAX_PEM if key.multiline else MAX_TEXT} characters (one line of a unit or config file); "
                     f"use {use}")
-        if _CONTROL.search(text.replace("\n", "") if key.multiline else text):
+        if vt.CONTROL.search(text.replace("\n", "") if key.multiline else text):
             return f"{key.name} has a control character (newline, tab...) in {'its value' if key.secret else vt.shown(text)}"
-        if key.pattern in (URL, SAFE_URL) and "://" not in text and not key.secret:
+        if key.pattern == SAFE_URL and "://" not in text and not key.secret:
             # shown as the URL it should be, so that its credentials (user:password@) are hidden too
             return f"{key.name}: {vt.shown('https://' + text)[9:-1]} needs a scheme, e.g. {vt.shown('https://' + text)[1:-1]}"
         if key.pattern and not re.fullmatch(key.pattern, text):
@@ -673,12 +641,6 @@ def _check(key: Key, value) -> str | None:
         if why:
             return f"{key.name} {why}"
     return None
-
-
-def unknown_key_sentence(name: str) -> str:
-    close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
-    hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
-    return f"unknown setting {vt.shown(name)}{hint}"
 
 
 # pyinfra's own secret host data (connector passwords, the sudo/su password argument)
@@ -706,12 +668,6 @@ def command_line_secret(name, value=None) -> str | None:
     return None
 
 
-def is_foreign(name: str) -> bool:
-    """Keys nemofleet does not own but accepts: pyinfra's global arguments (_sudo, ...) and
-    connector data (ssh_user, ...)."""
-    return name.startswith("_") or name in pyinfra_keys()
-
-
 def parse(data: dict) -> Settings:
     """Host data -> Settings (defaults filled in). Raises SettingsError with one sentence per bad key."""
     problems = []
@@ -722,8 +678,12 @@ def parse(data: dict) -> Settings:
     if odd:
         raise SettingsError([f"setting names must be strings; {vt.shown(odd[0])} ({type(odd[0]).__name__}) is not one"])
     for name in sorted(data):
-        if name not in BY_NAME and not is_foreign(name):
-            problems.append(unknown_key_sentence(name))
+        # keys nemofleet does not own but accepts: pyinfra's global arguments (_sudo, ...) and
+        # connector data (ssh_user, ...)
+        if name not in BY_NAME and not name.startswith("_") and name not in pyinfra_keys():
+            close = difflib.get_close_matches(name, list(BY_NAME), n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else "; `nemofleet settings` lists every key"
+            problems.append(f"unknown setting {vt.shown(name)}{hint}")
     for key in KEYS:
         value = data[key.name] if key.name in data else key.default
         try:

@@ -106,6 +106,7 @@ def read_secrets(data: Mapping) -> Secrets:
     out, problems = Secrets(), []
     data = data if isinstance(data, Mapping) else {}
     for name in SECRET_KEYS:
+        out[name] = None  # until a usable value is read
         value = data.get(name)
         key = settings_mod.BY_NAME.get(f"{name}_file")
         explicit = f"{name}_file" in data and data.get(f"{name}_file") is not None
@@ -113,7 +114,6 @@ def read_secrets(data: Mapping) -> Secrets:
         origin = name
         if value is not None and not isinstance(value, str):  # named by its type alone
             problems.append(f"{name} must be a string, not {settings_mod.vt.kind(value)}")
-            out[name] = None
             continue
         if not value and isinstance(path, str) and path:
             # the path's own type first (one line, bounded): it is named in every sentence below
@@ -122,22 +122,20 @@ def read_secrets(data: Mapping) -> Secrets:
             origin = f"{name}_file {path}"
             if why:
                 problems.append(why)
-                out[name] = None
                 continue
         if not value:
-            out[name] = None
             continue
         if name == "weights_seed_public_key":
             parsed = parse_public_key(value)
             if isinstance(parsed, str):
                 problems.append(f"{origin} {parsed}")
-            out[name] = None if isinstance(parsed, str) else parsed
+            else:
+                out[name] = parsed
             continue
         own = settings_mod.BY_NAME.get(name)
         why = settings_mod._check(own, value.strip() if name.endswith("_key") else value) if own else None
         if why:  # the sentence of a secret key never holds its value (settings._check)
             problems.append(why + (f" (read from {origin})" if origin != name else ""))
-            out[name] = None
             continue
         out[name] = Secret(value.strip() if name.endswith("_key") else value)
     out.problems = tuple(problems)

@@ -14,9 +14,11 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, overload
+from typing import Any, Callable, Literal, overload
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# No control characters anywhere (a newline in a value could add a cron line, a unit directive
+# or an env-file variable); printable text only.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FrozenMap(dict):
@@ -329,7 +331,7 @@ def text_problem(value) -> str | None:
     directive, HAProxy statement or env-file variable)."""
     if not isinstance(value, str):
         return f"must be a string, not {shown(value)}"
-    if _CONTROL.search(value):
+    if CONTROL.search(value):
         return f"{shown(value)} has a control character (newline, tab...)"
     return None
 
@@ -385,22 +387,17 @@ PCI_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]"
 INTERFACE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}")
 
 
-def interface_problem(value) -> str | None:
-    if isinstance(value, str) and INTERFACE.fullmatch(value):
-        return None
-    return f"{shown(value)} is not a network interface name"
+def _shaped(pattern: re.Pattern, what: str) -> Callable[[Any], str | None]:
+    """The `*_problem` of a string of one shape: None when `pattern` matches all of it, else
+    "<value> is not <what>"."""
+    def problem(value) -> str | None:
+        return None if isinstance(value, str) and pattern.fullmatch(value) else f"{shown(value)} is not {what}"
+    return problem
 
 
-def gpu_uuid_problem(value) -> str | None:
-    if isinstance(value, str) and GPU_UUID.fullmatch(value):
-        return None
-    return f"{shown(value)} is not a GPU UUID as nvidia-smi prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
-
-
-def bus_id_problem(value) -> str | None:
-    if isinstance(value, str) and PCI_BUS_ID.fullmatch(value):
-        return None
-    return f"{shown(value)} is not a PCI bus id as nvidia-smi prints it (00000000:19:00.0)"
+interface_problem = _shaped(INTERFACE, "a network interface name")
+gpu_uuid_problem = _shaped(GPU_UUID, "a GPU UUID as nvidia-smi prints it (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+bus_id_problem = _shaped(PCI_BUS_ID, "a PCI bus id as nvidia-smi prints it (00000000:19:00.0)")
 
 
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -527,8 +524,6 @@ def revision_problem(value) -> str | None:
     return None
 
 
-def file_name_problem(value) -> str | None:
-    """One file name in a directory: no `/`, not `.` or `..`, no leading `-` or `.`."""
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
-        return f"{shown(value)} is not a plain file name (letters, digits, '_', '.', '+', '-')"
-    return None
+# One file name in a directory: no `/`, not `.` or `..`, no leading `-` or `.`.
+file_name_problem = _shaped(re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}"),
+                            "a plain file name (letters, digits, '_', '.', '+', '-')")

@@ -268,13 +268,13 @@ def test_a_hostile_facts_file_is_one_sentence(text, label, tmp_path, monkeypatch
 
 MARK = "Zq9sEcReTpw"  # a secret no sentence may contain, in any form its value takes
 # the keys whose value is, or may carry, a secret: the secret keys, and every URL (credentials in it)
-SECRET_BEARING = sorted(k.name for k in settings.KEYS if k.secret or k.pattern in (settings.URL, settings.SAFE_URL))
+SECRET_BEARING = sorted(k.name for k in settings.KEYS if k.secret or k.pattern == settings.SAFE_URL)
 
 
 def _carrying(key: settings.Key, label: str, value):
     """The hostile value of class `label`, made to carry MARK where its type can (a URL's password,
     a list's item, a mapping's value, bytes); numbers and booleans carry none but still go through."""
-    url = key.pattern in (settings.URL, settings.SAFE_URL)
+    url = key.pattern == settings.SAFE_URL
     if isinstance(value, str):
         return f"http://user:{MARK}@h.example/{value}" if url else MARK + value
     if isinstance(value, list):
