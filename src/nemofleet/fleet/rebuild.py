@@ -48,13 +48,6 @@ class Target:
         return f"[{self.name}]:{self.port}" if self.port != 22 else self.name
 
 
-def ssh_target(inventory: str, host: str) -> Target:
-    d = driver.host_data(inventory, [host])[host]
-    s = spec.read(host, d).settings  # None: a bad setting is refused by the preflight stage with its sentence
-    # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
-    return Target(*inputs.ssh_target(d, host), s.expected_host_key if s is not None else None)
-
-
 def read_host_key(t: Target, host: str) -> HostKey:
     """The host's current keys (ssh-keyscan, every type) against the controller's known_hosts;
     the fingerprint shown and compared is the ed25519 key's (what `ssh-keygen -lf
@@ -107,13 +100,15 @@ def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host
         raise FleetError(f"rebuild takes one host; {host} matches several")
     stages: dict[str, float] = {}
     t = time.time()
-    target = ssh_target(inventory, host)
+    d = driver.host_data(inventory, [host])[host]
+    s = spec.read(host, d).settings  # None: a bad setting is refused by the preflight stage with its sentence
+    # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
+    target = Target(*inputs.ssh_target(d, host), s.expected_host_key if s is not None else None)
     hk = read_host_key(target, host)
     log(trust_host_key(hk, host, accept_new_host_key, expect_host_key or target.expected, yes))
     stages["host key"] = time.time() - t
     # a member of a multi-node serving group is planned from every member's facts: the group's
     # other members join the run (they change nothing) and the head is gated before this host
-    d = driver.host_data(inventory, [host]).get(host) or {}
     members = list(inputs.group_of(d)[1]) or [host]
     gw = gateway.Gateways(inventory, members, log, use=gateway_drain)  # drained there while it converges
     with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held, gw:
