@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -315,7 +316,7 @@ def cmd_smoke(a) -> int:
 
     answers = _fleet(smoke.smoke, "smoke refused", a.inventory, a.limit, a.prompt, a.max_tokens)
     if a.json:
-        print(json.dumps([x.to_dict() for x in answers], indent=2))
+        print(json.dumps([dataclasses.asdict(x) for x in answers], indent=2))
     else:
         for line in smoke.table(answers):
             print(line)
