@@ -101,9 +101,8 @@ def _facts_file(path: str) -> dict:
         refuse(f"is not JSON ({exc})")
     if _json_depth(facts) > MAX_FACTS_DEPTH:
         refuse(f"nests deeper than {MAX_FACTS_DEPTH} levels: it is not what HostFacts writes")
-    if not isinstance(facts, dict):
-        refuse("must map host names to their facts")
-    facts = facts.get("nemofleet.facts.host.HostFacts", facts)  # as `pyinfra --json fact` writes it
+    # the inner mapping as `pyinfra --json fact` writes it
+    facts = facts.get("nemofleet.facts.host.HostFacts", facts) if isinstance(facts, dict) else None
     if not isinstance(facts, dict):
         refuse("must map host names to their facts")
     return facts
@@ -126,7 +125,6 @@ def cmd_plan(a) -> int:
     else:
         commits = {}  # a facts file: no host to ask, a revision is planned as it is named
     result: dict[str, dict] = {}
-    rc = 0
     fan, fan_lines = _plan_fanout(specs, facts)
     # a member's missing or unusable facts: PeerMissing with its sentence (not "outside this run")
     members = {m for sp in specs.values() for m in sp.members}
@@ -137,7 +135,6 @@ def cmd_plan(a) -> int:
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
             result[name] = {"refused": [why], "codes": ["facts"], "warnings": []}
-            rc = 1
             continue
         planned[name] = dict(f or {}, lock=None)
     every = inputs.gather(specs, {**typed, **planned}, hosts=list(planned), commits=commits,
@@ -148,10 +145,7 @@ def cmd_plan(a) -> int:
         except Exception as exc:  # a shape no parser caught: this host only, never the fleet
             result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "
                                         "its facts or host data hold a value of an unexpected type"], "warnings": []}
-            rc = 1
             continue
-        if d.refusals:
-            rc = 1
         result[name] = {"refused": d.refusals, "codes": [vt.code_of(r) for r in d.refusals], "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
         if d.plan is None and d.preview is not None:
@@ -162,6 +156,7 @@ def cmd_plan(a) -> int:
         if tiny:
             result[name]["notes"] = [tiny]
     result = {h: result[h] for h in specs if h in result}  # inventory order
+    rc = 1 if any(r["refused"] for r in result.values()) else 0  # a host refused
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
@@ -294,20 +289,18 @@ def cmd_status(a) -> int:
     """Per host: release (and drift from the inventory's plan), units, health, weights, downloads."""
     from .fleet import status
 
-    rc = 0
-    for r in _fleet(status.status, "status refused", a.inventory, a.limit):
+    rows = _fleet(status.status, "status refused", a.inventory, a.limit)
+    for r in rows:
         print(f"== {r.host}")
         if not r.reachable:
             print("   unreachable")
-            rc = 1
             continue
         for p in r.problems:
             print(f"   setting: {p}")
         print(f"   release {r.release or 'none'} ({r.drift()})")
         for line in r.lines:
             print(f"   {line}")
-        rc = rc or (0 if r.in_sync else 1)
-    return rc
+    return 0 if all(r.in_sync for r in rows) else 1  # in sync: reachable and on the planned release
 
 
 def cmd_smoke(a) -> int:
