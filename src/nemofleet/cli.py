@@ -602,10 +602,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if not action.option_strings or "default" in text or default is argparse.SUPPRESS:
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))  # off unless given
+        if not action.option_strings or flag or "default" in text or default is argparse.SUPPRESS:
             return text
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            return text  # a flag: off unless given
         if default is None or default == [] or default == "":
             return text + " (default: none)"
         return text + " (default: %(default)s)"
