@@ -781,10 +781,8 @@ def _inventory_problem(inventory: str) -> str | None:
     from .fleet import driver
 
     why = inv.file_problem(inventory)
-    if why:
+    if why or not inv.names_a_file(inventory):  # host names (web1,web2 or @docker/...) are pyinfra's to check
         return why
-    if not inv.names_a_file(inventory):
-        return None
     try:
         driver._inventory(inventory)
     except SystemExit as exc:  # an inventory that stops itself (the testbed's: "not up") says why
