@@ -665,7 +665,9 @@ def parser() -> argparse.ArgumentParser:
     def add(name: str, help: str, fn, description: str | None = "", *options: str):
         """A command; description "" is its help as a sentence; `options` are names of `shared`."""
         p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + "." if description == ""
-                           else description, formatter_class=_Formatter)
+                           else description, formatter_class=_Formatter,
+                           epilog=f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, "
+                                  "inventory or --data); 130 interrupted")
         p.set_defaults(fn=fn)
         opts(p, *options)
         return p
@@ -767,9 +769,6 @@ def parser() -> argparse.ArgumentParser:
                    help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
-    for name, sp in sub.choices.items():
-        sp.epilog = (f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, inventory or "
-                     "--data); 130 interrupted")
     return ap
 
 
