@@ -64,12 +64,6 @@ def _source(s: Settings, prefix: str, repo: str | None, keyring: str, list_path:
             "line": f"deb [signed-by={keyring}] {repo} /"}, None
 
 
-def driver_packages(s: Settings) -> tuple[list[str], str]:
-    branch = str(s.nvidia_driver_branch or "")
-    names = s.nvidia_driver_packages or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]
-    return [n.format(branch=branch) for n in names], branch
-
-
 def install(s: Settings) -> bool | None:
     """Opt-in installs before preflight: the NVIDIA driver (pinned branch, held, reboot only
     when it changed) and the container toolkit (pinned version, held). Returns True when the
@@ -79,7 +73,9 @@ def install(s: Settings) -> bool | None:
     if not (want_driver or want_toolkit):
         return False
     refusals: list[str] = []
-    drv_pkgs, branch = driver_packages(s)
+    branch = str(s.nvidia_driver_branch or "")
+    drv_pkgs = [n.format(branch=branch) for n in
+                s.nvidia_driver_packages or [f"nvidia-driver-{branch}-server", f"nvidia-utils-{branch}-server"]]
     if want_driver and not re.match(r"^\d{3}$", branch):
         refusals.append(f"nvidia_driver_branch must be a driver branch such as '580' (got {s.nvidia_driver_branch!r})")
     drv_source = tk_source = None

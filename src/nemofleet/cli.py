@@ -19,22 +19,36 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
+from typing import NoReturn
 
 
-def _read(what: str, inventory: str, limit: list[str]) -> dict:
-    """driver.gather_facts (HostFacts of every host, read-only) or driver.host_specs ({host: HostSpec}
-    of the selected hosts; nemofleet.spec) by name; a FleetError is one sentence and exit 2."""
-    from .fleet import driver
+class _Refused(SystemExit):
+    """A command refused before or while it ran (a bad inventory, facts file or --data, a
+    FleetError): its sentence was printed on stderr and stays readable on the exception; _main
+    returns its exit 2."""
+
+
+def _refuse(sentence: str) -> NoReturn:
+    print(sentence, file=sys.stderr)
+    exc = _Refused(sentence)
+    exc.code = 2  # usage: exit 2 (the sentence is printed above)
+    raise exc
+
+
+def _fleet(fn, what: str, *args, **kw):
+    """Run a fleet call (driver.gather_facts, driver.host_specs, a command's own); a FleetError (bad
+    option, no such host, lock held) is one sentence, `what: ...`, and exit 2."""
+    from .fleet.driver import FleetError
 
     try:
-        return getattr(driver, what)(inventory, limit)
-    except driver.FleetError as exc:
-        print(f"nemofleet: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return fn(*args, **kw)
+    except FleetError as exc:
+        _refuse(f"{what}: {exc}")
 
 
 MAX_FACTS_BYTES = 64 << 20  # a facts file of a large fleet is a few MiB
@@ -60,9 +74,8 @@ def _facts_file(path: str) -> dict:
     opened), and JSON nested more than MAX_FACTS_DEPTH deep is refused."""
     import stat
 
-    def refuse(why: str):
-        print(f"nemofleet: cannot read the facts file {path}: it {why}", file=sys.stderr)
-        raise SystemExit(2)
+    def refuse(why: str) -> NoReturn:
+        _refuse(f"nemofleet: cannot read the facts file {path}: it {why}")
 
     try:
         st = os.stat(path)
@@ -88,9 +101,8 @@ def _facts_file(path: str) -> dict:
         refuse(f"is not JSON ({exc})")
     if _json_depth(facts) > MAX_FACTS_DEPTH:
         refuse(f"nests deeper than {MAX_FACTS_DEPTH} levels: it is not what HostFacts writes")
-    if not isinstance(facts, dict):
-        refuse("must map host names to their facts")
-    facts = facts.get("nemofleet.facts.host.HostFacts", facts)  # as `pyinfra --json fact` writes it
+    # the inner mapping as `pyinfra --json fact` writes it
+    facts = facts.get("nemofleet.facts.host.HostFacts", facts) if isinstance(facts, dict) else None
     if not isinstance(facts, dict):
         refuse("must map host names to their facts")
     return facts
@@ -106,15 +118,13 @@ def cmd_plan(a) -> int:
     from .fleet import driver
     from .spec import to_resolve
 
-    facts = _facts_file(a.facts) if a.facts else _read("gather_facts", a.inventory, a.limit)
-    specs = _read("host_specs", a.inventory, a.limit)
+    facts = _facts_file(a.facts) if a.facts else _fleet(driver.gather_facts, "nemofleet", a.inventory, a.limit)
+    specs = _fleet(driver.host_specs, "nemofleet", a.inventory, a.limit)
     if not a.facts:
-        commits = _fleet(driver.resolve_commits, "plan", a.inventory, {h: to_resolve(sp) for h, sp in specs.items()
-                                                                       if h in facts})[0] or {}
+        commits = driver.resolve_commits(a.inventory, {h: to_resolve(sp) for h, sp in specs.items() if h in facts})
     else:
         commits = {}  # a facts file: no host to ask, a revision is planned as it is named
     result: dict[str, dict] = {}
-    rc = 0
     fan, fan_lines = _plan_fanout(specs, facts)
     # a member's missing or unusable facts: PeerMissing with its sentence (not "outside this run")
     members = {m for sp in specs.values() for m in sp.members}
@@ -125,7 +135,6 @@ def cmd_plan(a) -> int:
         why = "no facts (host unreachable?)" if f is None else facts_file_problem(name, f) if a.facts else None
         if why:
             result[name] = {"refused": [why], "codes": ["facts"], "warnings": []}
-            rc = 1
             continue
         planned[name] = dict(f or {}, lock=None)
     every = inputs.gather(specs, {**typed, **planned}, hosts=list(planned), commits=commits,
@@ -136,10 +145,7 @@ def cmd_plan(a) -> int:
         except Exception as exc:  # a shape no parser caught: this host only, never the fleet
             result[name] = {"refused": [f"nemofleet could not plan this host ({type(exc).__name__}: {exc}); "
                                         "its facts or host data hold a value of an unexpected type"], "warnings": []}
-            rc = 1
             continue
-        if d.refusals:
-            rc = 1
         result[name] = {"refused": d.refusals, "codes": [vt.code_of(r) for r in d.refusals], "warnings": d.warnings,
                         "plan": d.plan.to_dict() if d.plan else None}
         if d.plan is None and d.preview is not None:
@@ -150,6 +156,7 @@ def cmd_plan(a) -> int:
         if tiny:
             result[name]["notes"] = [tiny]
     result = {h: result[h] for h in specs if h in result}  # inventory order
+    rc = 1 if any(r["refused"] for r in result.values()) else 0  # a host refused
     if a.json:
         print(json.dumps(result, indent=2))
         return rc
@@ -278,46 +285,31 @@ def _peer_facts(member: str, facts, from_file: bool):
     return PeerMissing(why=f"has facts nemofleet cannot read ({why})") if why else facts
 
 
-def _fleet(fn, what: str, *args, **kw):
-    """Run a fleet call; a FleetError (bad option, no such host, lock held) is one sentence, exit 2."""
-    from .fleet.driver import FleetError
-
-    try:
-        return fn(*args, **kw), 0
-    except FleetError as exc:
-        print(f"{what} refused: {exc}", file=sys.stderr)
-        return None, 2
-
-
 def cmd_status(a) -> int:
     """Per host: release (and drift from the inventory's plan), units, health, weights, downloads."""
     from .fleet import status
 
-    rows, rc = _fleet(status.status, "status", a.inventory, a.limit)
-    for r in rows or []:
+    rows = _fleet(status.status, "status refused", a.inventory, a.limit)
+    for r in rows:
         print(f"== {r.host}")
         if not r.reachable:
             print("   unreachable")
-            rc = 1
             continue
         for p in r.problems:
             print(f"   setting: {p}")
         print(f"   release {r.release or 'none'} ({r.drift()})")
         for line in r.lines:
             print(f"   {line}")
-        rc = rc or (0 if r.in_sync else 1)
-    return rc
+    return 0 if all(r.in_sync for r in rows) else 1  # in sync: reachable and on the planned release
 
 
 def cmd_smoke(a) -> int:
     """One chat completion per host, asked on the host (nemofleet.fleet.smoke); exit 1 when any fails."""
     from .fleet import smoke
 
-    answers, rc = _fleet(smoke.smoke, "smoke", a.inventory, a.limit, a.prompt, a.max_tokens)
-    if answers is None:
-        return rc
+    answers = _fleet(smoke.smoke, "smoke refused", a.inventory, a.limit, a.prompt, a.max_tokens)
     if a.json:
-        print(json.dumps([x.to_dict() for x in answers], indent=2))
+        print(json.dumps([dataclasses.asdict(x) for x in answers], indent=2))
     else:
         for line in smoke.table(answers):
             print(line)
@@ -329,10 +321,11 @@ def cmd_smoke(a) -> int:
 
 def cmd_bundle(a) -> int:
     """nemofleet bundle create|verify|show (nemofleet.bundle)."""
-    from .fleet import bundle
+    from .fleet import bundle, driver
 
-    return bundle.main(a, lambda inv, path: _facts_file(path) if path else _read("gather_facts", inv, []),
-                       lambda inv: _read("host_specs", inv, []))
+    return bundle.main(a, lambda inv, path: _facts_file(path) if path else
+                       _fleet(driver.gather_facts, "nemofleet", inv, []),
+                       lambda inv: _fleet(driver.host_specs, "nemofleet", inv, []))
 
 
 def cmd_settings(a) -> int:
@@ -360,9 +353,8 @@ def cmd_testbed(a) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "nemofleet_testbed":
             raise
-        print("nemofleet: `nemofleet testbed` needs the nemofleet-testbed package, which is not installed here: "
-              "in a nemofleet checkout run `make venv` (or `pip install -e ./testbed`)", file=sys.stderr)
-        return 2
+        _refuse("nemofleet: `nemofleet testbed` needs the nemofleet-testbed package, which is not installed here: "
+                "in a nemofleet checkout run `make venv` (or `pip install -e ./testbed`)")
     return run(a)
 
 
@@ -370,20 +362,15 @@ def _data(pairs: list[str]) -> dict:
     """--data KEY=VALUE pairs; a malformed pair or a secret is one sentence and exit 2."""
     from . import settings
 
-    def refuse(why: str):
-        print(f"nemofleet: {why}", file=sys.stderr)
-        exc = SystemExit(f"nemofleet: {why}")  # the sentence stays readable on the exception
-        exc.code = 2  # usage: exit 2 (the sentence is printed above)
-        raise exc
-
     out = {}
     for pair in pairs:
         k, sep, v = pair.partition("=")
         if not sep or not k:
-            refuse(f"--data {settings.vt.shown(pair)} must be KEY=VALUE (e.g. --data model=nemotron-3-nano-bf16)")
+            _refuse(f"nemofleet: --data {settings.vt.shown(pair)} must be KEY=VALUE "
+                    "(e.g. --data model=nemotron-3-nano-bf16)")
         why = settings.command_line_secret(k, v)
         if why:
-            refuse(why)
+            _refuse(f"nemofleet: {why}")
         out[k] = v
     return out
 
@@ -476,8 +463,6 @@ def cmd_rollout(a) -> int:
     """Exit 0 ok; 1 rolled back or halted; 2 refused (bad option, lock held); 130 interrupted.
     --json: one JSON document on stdout (result ok|rolled_back|halted|refused, hosts, batches);
     every human line goes to stderr."""
-    import json as _json
-
     from . import canary
     from . import valuetypes as vt
     from .fleet import rollout
@@ -485,12 +470,11 @@ def cmd_rollout(a) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr if a.json else sys.stdout, flush=True)
 
-    def refused(why: str) -> int:
+    def refused(why: str) -> NoReturn:
         if a.json:
-            print(_json.dumps({"result": "refused", "code": 2, "reason": why, "problems": [why], "hosts": {},
-                               "batches": []}))
-        print(f"rollout refused: {why}", file=sys.stderr)
-        return 2
+            print(json.dumps({"result": "refused", "code": 2, "reason": why, "problems": [why], "hosts": {},
+                              "batches": []}))
+        _refuse(f"rollout refused: {why}")
 
     slo = canary.Slo(error_points=a.slo_error_rate, latency_ratio=a.slo_latency_ratio,
                      min_requests=a.slo_min_requests, on_thin=a.on_thin_traffic)
@@ -526,8 +510,8 @@ def cmd_rollout(a) -> int:
     except KeyboardInterrupt:  # before the first batch started: nothing changed, the lock is given back
         print("rollout interrupted before any host was changed", file=sys.stderr)
         if a.json:
-            print(_json.dumps({"result": "halted", "reason": "interrupted (Ctrl-C) before any batch", "hosts": {},
-                               "batches": []}))
+            print(json.dumps({"result": "halted", "reason": "interrupted (Ctrl-C) before any batch", "hosts": {},
+                              "batches": []}))
         return 130
     for line in o.table().splitlines():
         say(line)
@@ -538,7 +522,7 @@ def cmd_rollout(a) -> int:
         print(f"HALTED: {o.reason}", file=sys.stderr)
     say(o.summary())
     if a.json:
-        print(_json.dumps(o.to_json(), indent=2))
+        print(json.dumps(o.to_json(), indent=2))
     if o.interrupted:
         return 130
     return 0 if o.ok else 1
@@ -547,10 +531,8 @@ def cmd_rollout(a) -> int:
 def cmd_rollback(a) -> int:
     from .fleet import rollout
 
-    o, rc = _fleet(lambda: rollout.rollback(a.inventory, a.limit, window=a.wait, ttl=_ttl(a),
-                                            gateway_drain=not a.no_gateway_drain), "rollback")
-    if o is None:
-        return rc
+    o = _fleet(lambda: rollout.rollback(a.inventory, a.limit, window=a.wait, ttl=_ttl(a),
+                                        gateway_drain=not a.no_gateway_drain), "rollback refused")
     print(o.table())
     return 0 if o.ok else 1
 
@@ -559,9 +541,7 @@ def cmd_lock(a) -> int:
     from . import lockinfo
     from .fleet import driver, lock
 
-    hosts, rc = _fleet(driver.hosts, "lock", a.inventory, a.limit)
-    if hosts is None:
-        return rc
+    hosts = _fleet(driver.hosts, "lock refused", a.inventory, a.limit)
     if a.action == "status":
         for h, info in lock.status(a.inventory, hosts).items():
             if info and "error" in info:
@@ -575,19 +555,15 @@ def cmd_lock(a) -> int:
     # already exported, to lock more hosts under it); releasing it needs that token or --force
     token = os.environ.get(driver.LOCK_TOKEN_ENV) or None
     if a.action == "acquire":
-        held, rc = _fleet(lambda: lock.acquire(a.inventory, hosts, a.message, _ttl(a), token), "lock")
-        if held is None:
-            return rc
+        held = _fleet(lambda: lock.acquire(a.inventory, hosts, a.message, _ttl(a), token), "lock refused")
         print(f"locked {len(held.hosts)} host(s) for {held.ttl // 60} min; deploys under this lock (and its "
               f"release) need its token, shown only now:\nexport {driver.LOCK_TOKEN_ENV}={held.token}")
         return 0
     if not a.force:
         if not token:
-            print(f"lock release refused: it needs the holder's token in {driver.LOCK_TOKEN_ENV} (printed once by "
-                  "`nemofleet lock acquire`), or --force to break an abandoned lock", file=sys.stderr)
-            return 2
-        if _fleet(lock.check_token, "lock release", token)[0] is None:
-            return 2
+            _refuse(f"lock release refused: it needs the holder's token in {driver.LOCK_TOKEN_ENV} (printed once by "
+                    "`nemofleet lock acquire`), or --force to break an abandoned lock")
+        _fleet(lock.check_token, "lock release refused", token)
     answers = lock.release_hosts(a.inventory, hosts, token, a.force)
     for h, sentence in answers.items():
         print(f"{h:<14} {sentence}")
@@ -607,14 +583,12 @@ def cmd_rebuild(a) -> int:
 
     t0 = time.time()
     try:
-        stages, rc = _fleet(lambda: rebuild.rebuild(
+        stages = _fleet(lambda: rebuild.rebuild(
             a.inventory, a.host, a.accept_new_host_key, expect_host_key=a.expect_host_key, yes=a.yes,
-            window=a.wait, data=_data(a.data), ttl=_ttl(a), gateway_drain=not a.no_gateway_drain), "rebuild")
+            window=a.wait, data=_data(a.data), ttl=_ttl(a), gateway_drain=not a.no_gateway_drain), "rebuild refused")
     except rebuild.RebuildError as exc:
         print(f"rebuild of {a.host} failed: {exc}", file=sys.stderr)
         return 1
-    if stages is None:
-        return rc
     for k, v in stages.items():
         print(f"  {k:<12} {v:6.1f}s")
     print(f"{a.host} rebuilt and serving in {time.time() - t0:.1f}s")
@@ -628,10 +602,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if not action.option_strings or "default" in text or default is argparse.SUPPRESS:
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))  # off unless given
+        if not action.option_strings or flag or "default" in text or default is argparse.SUPPRESS:
             return text
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            return text  # a flag: off unless given
         if default is None or default == [] or default == "":
             return text + " (default: none)"
         return text + " (default: %(default)s)"
@@ -654,25 +627,22 @@ EXIT_CODES = {
 }
 
 
-def _version() -> str:
+def parser() -> argparse.ArgumentParser:
     from importlib.metadata import PackageNotFoundError, version
 
     from . import __version__
 
     try:
-        return version("nemofleet")
+        installed = version("nemofleet")
     except PackageNotFoundError:
-        return __version__
-
-
-def parser() -> argparse.ArgumentParser:
+        installed = __version__
     ap = argparse.ArgumentParser(
         prog="nemofleet", formatter_class=_Formatter,
         description="nemofleet: NVIDIA Nemotron models on vLLM across GPU fleets, provisioned with pyinfra.\n"
                     "The deploy itself is `pyinfra INVENTORY deploys/nemotron.py`; these commands plan, check and\n"
                     "roll it out. `nemofleet COMMAND --help` shows a command's options.",
         epilog="First time here: `make demo` (README.md, Set up). Exit codes: each command's --help lists them.")
-    ap.add_argument("--version", action="version", version=f"nemofleet {_version()}")
+    ap.add_argument("--version", action="version", version=f"nemofleet {installed}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
 
     # the options several commands share, by name: each added with one definition and one wording
@@ -695,7 +665,9 @@ def parser() -> argparse.ArgumentParser:
     def add(name: str, help: str, fn, description: str | None = "", *options: str):
         """A command; description "" is its help as a sentence; `options` are names of `shared`."""
         p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + "." if description == ""
-                           else description, formatter_class=_Formatter)
+                           else description, formatter_class=_Formatter,
+                           epilog=f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, "
+                                  "inventory or --data); 130 interrupted")
         p.set_defaults(fn=fn)
         opts(p, *options)
         return p
@@ -797,9 +769,6 @@ def parser() -> argparse.ArgumentParser:
                    help="up: only the hosts make demo uses (not broken-1, which only the tests refuse)")
     t.add_argument("--profile", default="default",
                    help="the testbed profile: a name in testbed/src/nemofleet_testbed/profiles, or a .yaml file")
-    for name, sp in sub.choices.items():
-        sp.epilog = (f"exit codes: {EXIT_CODES[name]}; 2 refused before anything ran (a bad option, inventory or "
-                     "--data); 130 interrupted")
     return ap
 
 
@@ -811,10 +780,8 @@ def _inventory_problem(inventory: str) -> str | None:
     from .fleet import driver
 
     why = inv.file_problem(inventory)
-    if why:
+    if why or not inv.names_a_file(inventory):  # host names (web1,web2 or @docker/...) are pyinfra's to check
         return why
-    if not inv.names_a_file(inventory):
-        return None
     try:
         driver._inventory(inventory)
     except SystemExit as exc:  # an inventory that stops itself (the testbed's: "not up") says why
@@ -878,9 +845,10 @@ def _main(argv: list[str]) -> int:
         if getattr(a, "inventory", None) is not None:
             why = _inventory_problem(a.inventory)
             if why:
-                print(why if why.startswith("nemofleet") else f"nemofleet: {why}", file=sys.stderr)
-                return 2
+                _refuse(why if why.startswith("nemofleet") else f"nemofleet: {why}")
         return a.fn(a)
+    except _Refused:  # its sentence is printed
+        return 2
     except KeyboardInterrupt:
         print("nemofleet: interrupted", file=sys.stderr)
         return 130

@@ -65,9 +65,8 @@ def serving_groups(namespace: dict) -> str | None:
         return None
     if not isinstance(groups, dict):
         return "serving_groups must be a mapping {group name: [head host, worker host, ...]}"
-    lists = {name: value for name, value in namespace.items()
-             if not name.startswith("_") and isinstance(value, list) and name in _groups(namespace)}
-    known = {h for hosts in _groups(namespace).values() for h in hosts}
+    found = _groups(namespace)
+    known = {h for hosts in found.values() for h in hosts}
     owner: dict = {}
     for gname, members in groups.items():
         if not isinstance(gname, str) or not re.fullmatch(GROUP_NAME, gname):
@@ -82,7 +81,7 @@ def serving_groups(namespace: dict) -> str | None:
             if m in owner:
                 return f"{m} is in serving groups {owner[m]} and {gname}: a host serves in one group"
             owner[m] = gname
-    for value in lists.values():
+    for value in (namespace[g] for g in found if isinstance(namespace[g], list)):
         for k, entry in enumerate(value):
             name = entry[0] if isinstance(entry, tuple) else entry
             if name not in owner:
@@ -94,12 +93,9 @@ def serving_groups(namespace: dict) -> str | None:
 
 
 def checked(namespace: dict) -> None:
-    why = serving_groups(namespace)
-    if why:
-        raise SystemExit(f"nemofleet: {why}")
-    if not _under_pyinfra(sys.argv):
-        return
-    why = problem(namespace, sys.argv, os.path.relpath(namespace.get("__file__") or "the inventory"))
+    # the serving groups are applied on every load; the host checks only under the pyinfra command
+    why = serving_groups(namespace) or (problem(namespace, sys.argv, os.path.relpath(
+        namespace.get("__file__") or "the inventory")) if _under_pyinfra(sys.argv) else None)
     if why:
         raise SystemExit(f"nemofleet: {why}")
 

@@ -89,8 +89,7 @@ class Gateways:
                 self.session = driver.Session(inventory, self.gateways)
             except Exception as exc:  # noqa: BLE001 - the inventory's gateways cannot be reached at all
                 self._refuse(f"({str(exc)[:120]})")
-            if not self._all("show"):  # before the lock is taken or any host changes
-                self._refuse(f"({self.error})")
+            self.check([])  # every gateway answers, before the lock is taken or any host changes
 
     def __bool__(self) -> bool:
         return self.session is not None

@@ -36,45 +36,27 @@ class HostKey:
     matches: bool  # ... and it is this key
 
 
-@dataclass
-class Target:
-    name: str
-    port: int
-    known_hosts: str
-    expected: str | None  # the expected_host_key setting
-
-    @property
-    def entry(self) -> str:
-        return f"[{self.name}]:{self.port}" if self.port != 22 else self.name
-
-
-def ssh_target(inventory: str, host: str) -> Target:
-    d = driver.host_data(inventory, [host])[host]
-    s = spec.read(host, d).settings  # None: a bad setting is refused by the preflight stage with its sentence
-    # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
-    return Target(*inputs.ssh_target(d, host), s.expected_host_key if s is not None else None)
-
-
-def read_host_key(t: Target, host: str) -> HostKey:
-    """The host's current keys (ssh-keyscan, every type) against the controller's known_hosts;
-    the fingerprint shown and compared is the ed25519 key's (what `ssh-keygen -lf
-    /etc/ssh/ssh_host_ed25519_key.pub` prints on the host's console)."""
+def read_host_key(name: str, port: int, known_hosts: str, host: str) -> HostKey:
+    """The host's current keys (ssh-keyscan, every type) at its SSH address and port against the
+    controller's known_hosts; the fingerprint shown and compared is the ed25519 key's (what
+    `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` prints on the host's console)."""
+    entry = f"[{name}]:{port}" if port != 22 else name
     try:
-        scan = subprocess.run(["ssh-keyscan", "-T", "10", "-p", str(t.port), t.name],
+        scan = subprocess.run(["ssh-keyscan", "-T", "10", "-p", str(port), name],
                               capture_output=True, text=True, timeout=SCAN_TIMEOUT)
     except subprocess.TimeoutExpired:
         scan = None
     keys = [ln for ln in (scan.stdout if scan else "").splitlines() if ln.strip() and not ln.startswith("#")]
     if not keys:
-        raise RebuildError(f"{host} ({t.name}:{t.port}) does not answer on SSH; is it reinstalled and up?")
+        raise RebuildError(f"{host} ({name}:{port}) does not answer on SSH; is it reinstalled and up?")
     main = next((ln for ln in keys if " ssh-ed25519 " in ln), keys[0])
     fp = subprocess.run(["ssh-keygen", "-lf", "-"], input=main + "\n", capture_output=True, text=True,
                         timeout=SCAN_TIMEOUT).stdout.split()
-    known = subprocess.run(["ssh-keygen", "-F", t.entry, "-f", t.known_hosts], capture_output=True, text=True,
-                           timeout=SCAN_TIMEOUT).stdout if Path(t.known_hosts).exists() else ""
+    known = subprocess.run(["ssh-keygen", "-F", entry, "-f", known_hosts], capture_output=True, text=True,
+                           timeout=SCAN_TIMEOUT).stdout if Path(known_hosts).exists() else ""
     lines = [ln for ln in known.splitlines() if ln and not ln.startswith("#")]
     blobs = {ln.split()[-1] for ln in keys}
-    return HostKey(t.entry, t.known_hosts, "\n".join(keys) + "\n", next((w for w in fp if w.startswith("SHA256:")), ""),
+    return HostKey(entry, known_hosts, "\n".join(keys) + "\n", next((w for w in fp if w.startswith("SHA256:")), ""),
                    bool(lines), any(ln.split()[-1] in blobs for ln in lines))
 
 
@@ -107,13 +89,15 @@ def rebuild(inventory: str, host: str, accept_new_host_key: bool, *, expect_host
         raise FleetError(f"rebuild takes one host; {host} matches several")
     stages: dict[str, float] = {}
     t = time.time()
-    target = ssh_target(inventory, host)
-    hk = read_host_key(target, host)
-    log(trust_host_key(hk, host, accept_new_host_key, expect_host_key or target.expected, yes))
+    d = driver.host_data(inventory, [host])[host]
+    s = spec.read(host, d).settings  # None: a bad setting is refused by the preflight stage with its sentence
+    # ssh_* are pyinfra's connector data (inputs.ssh_target: with its own defaults)
+    hk = read_host_key(*inputs.ssh_target(d, host), host)
+    expected = expect_host_key or (s.expected_host_key if s is not None else None)
+    log(trust_host_key(hk, host, accept_new_host_key, expected, yes))
     stages["host key"] = time.time() - t
     # a member of a multi-node serving group is planned from every member's facts: the group's
     # other members join the run (they change nothing) and the head is gated before this host
-    d = driver.host_data(inventory, [host]).get(host) or {}
     members = list(inputs.group_of(d)[1]) or [host]
     gw = gateway.Gateways(inventory, members, log, use=gateway_drain)  # drained there while it converges
     with lock.with_lock(inventory, members, f"rebuild by {driver.operator()}", ttl, log=log) as held, gw:

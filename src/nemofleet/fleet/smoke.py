@@ -46,9 +46,6 @@ class Answer:
     error: str = ""
     skipped: bool = False  # a headless worker of a serving group: its head answers for it
 
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
-
 
 def body(prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS) -> str:
     """The request body without the model (the host adds its own served name, read from its health
