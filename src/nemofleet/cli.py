@@ -467,7 +467,7 @@ def _prompt_file(path: str) -> str:
 
 
 def _ttl(a) -> int:
-    from .fleet import lock
+    from .lock import fleet as lock
 
     return lock.parse_ttl(a.lock_ttl)
 
@@ -556,8 +556,9 @@ def cmd_rollback(a) -> int:
 
 
 def cmd_lock(a) -> int:
-    from . import lockinfo
-    from .fleet import driver, lock
+    from .lock import info as lockinfo
+    from .fleet import driver
+    from .lock import fleet as lock
 
     hosts, rc = _fleet(driver.hosts, "lock", a.inventory, a.limit)
     if hosts is None:
