@@ -454,7 +454,7 @@ def _prompt_file(path: str) -> str:
 
 
 def _ttl(a) -> int:
-    from .fleet import lock
+    from .lock import fleet as lock
 
     return lock.parse_ttl(a.lock_ttl)
 
@@ -538,8 +538,9 @@ def cmd_rollback(a) -> int:
 
 
 def cmd_lock(a) -> int:
-    from . import lockinfo
-    from .fleet import driver, lock
+    from .lock import info as lockinfo
+    from .fleet import driver
+    from .lock import fleet as lock
 
     hosts = _fleet(driver.hosts, "lock refused", a.inventory, a.limit)
     if a.action == "status":

@@ -20,8 +20,9 @@ from pyinfra import host, logger
 from pyinfra.api import deploy as _pyinfra_deploy
 from pyinfra.operations import python, server, systemd
 
-from . import bootstrap, bundle, factmodel, fanout, inputs, inventory, paths, render, runlock, spec
-from .lockinfo import operator
+from . import bootstrap, bundle, factmodel, fanout, inputs, inventory, paths, render, spec
+from .lock import run as runlock
+from .lock.info import operator
 from .desired import Desired, decide
 from .inputs import HostInputs
 from .valuetypes import Refusal
@@ -445,7 +446,7 @@ def nemotron() -> None:
         python.call(name="Preflight and converge on the freshly installed host", function=converge)
     elif pending is not None:
         converge()
-    runlock.guard()  # a plain run takes the deploy lock before its first change (runlock.py)
+    runlock.guard()  # a plain run takes the deploy lock before its first change (lock/run.py)
 
 
 def fact_reads(want: Desired) -> list[tuple]:

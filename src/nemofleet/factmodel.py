@@ -382,7 +382,7 @@ class Health(_Fact):
 
 
 class Lock(_Fact):
-    """The deploy lock's info file as the lock program prints it (facts/lock.py, lockinfo.parse):
+    """The deploy lock's info file as the lock program prints it (lock/fact.py, lockinfo.parse):
     times are unix seconds below UNIX_MAX (valuetypes.host_time), so gmtime() and arithmetic stay bounded."""
     holder: str | None = None
     token_sha256: str | None = None

@@ -6,7 +6,7 @@ files run with `python3 -I -S` (remote/lock.py, remote/release.py, remote/gpu_re
 remote/host_status.py; remote/__init__.py says how they travel): every value they need (a holder,
 a message, a token's digest, an expected release id, a path) is one of their arguments, never text
 inside a shell line or a program. They print `key=value` lines the controller parses (see
-`nemofleet.lockinfo.parse`) and bound every wait they contain (`flock -w`, `timeout`).
+`nemofleet.lock.info.parse`) and bound every wait they contain (`flock -w`, `timeout`).
 tests/unit/test_fleet_commands.py and test_remote_lock.py run them against a temporary state
 directory.
 
@@ -44,7 +44,7 @@ def _lock(*args) -> str:
 
 
 # a lock dir without a readable expiry (an older nemofleet that died between its `mkdir` and its
-# info file) expires this long after it was made (its mtime): the default TTL of nemofleet.fleet.lock
+# info file) expires this long after it was made (its mtime): the default TTL of nemofleet.lock.fleet
 # (remote/lock.py has the same figure; tests/unit/test_remote_lock.py keeps them equal)
 NO_INFO_TTL = 2 * 3600
 

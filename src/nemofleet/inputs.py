@@ -26,7 +26,7 @@ from . import factmodel
 from . import settings as settings_mod
 from . import valuetypes as vt
 from .gpus import CLASS_GROUPS as GPU_CLASS_GROUPS
-from .lockinfo import lock_refusal
+from .lock.info import lock_refusal
 from .spec import (GATEWAY_GROUP, SECRET_KEYS, HostSpec, Secrets, facts_args, image_of, read, read_secrets,  # noqa: F401
                    to_resolve, typed_secrets, unique_groups)
 

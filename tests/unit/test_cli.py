@@ -275,8 +275,10 @@ RAW = ("\x1b[31m", "\u2028", "\x85", "\u202e", "\r")
 
 
 def test_host_data_read_back_is_escaped_wherever_it_is_shown(capsys, inv, monkeypatch):
-    from nemofleet import lockinfo, valuetypes
-    from nemofleet.fleet import driver, lock, smoke, status
+    from nemofleet import valuetypes
+    from nemofleet.lock import info as lockinfo
+    from nemofleet.fleet import driver, smoke, status
+    from nemofleet.lock import fleet as lock
 
     evil = "ev\x1b[31mil\u2028x\x85y\u202ez\r"
     holder = {"holder": evil, "since": evil, "message": evil, "expires": 2**31}

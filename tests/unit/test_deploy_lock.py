@@ -1,5 +1,5 @@
 """The deploy lock of issue 25: a plain pyinfra run takes it before its first change and gives it
-back at disconnect (nemofleet.runlock, its lock scripts run for real with bash against a
+back at disconnect (nemofleet.lock.run, its lock scripts run for real with bash against a
 temporary state directory); a manual lock's token is a random secret, a forged one is refused;
 --lock-ttl has a maximum; `lock release` says when a host is unreachable."""
 import os
@@ -14,10 +14,12 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.api.state import StateOperationHostData
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from nemofleet import cli, paths, runlock
+from nemofleet import cli, paths
+from nemofleet.lock import run as runlock
 from nemofleet import hostcmd as commands
-from nemofleet import lockinfo
-from nemofleet.fleet import driver, lock
+from nemofleet.lock import info as lockinfo
+from nemofleet.fleet import driver
+from nemofleet.lock import fleet as lock
 from nemofleet.fleet.driver import Exec, FleetError
 
 

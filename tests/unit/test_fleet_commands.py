@@ -11,7 +11,7 @@ import pytest
 
 from nemofleet import paths, remote, shell
 from nemofleet import hostcmd as commands
-from nemofleet import lockinfo
+from nemofleet.lock import info as lockinfo
 from nemofleet.hostcmd import token_digest
 
 T1 = token_digest("t1")

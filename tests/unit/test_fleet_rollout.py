@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from nemofleet import cli
-from nemofleet.facts.lock import DeployLock, lock_refusal
+from nemofleet.lock.fact import DeployLock, lock_refusal
 from nemofleet import hostcmd as commands
-from nemofleet.fleet import driver, gateway, lock, rebuild, rollout
+from nemofleet.fleet import driver, gateway, rebuild, rollout
+from nemofleet.lock import fleet as lock
 from nemofleet.fleet.driver import Exec, FleetError, Result
 from nemofleet.fleet.rollout import HostState
 from nemofleet import remote

@@ -362,7 +362,8 @@ import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import nemofleet  # noqa: E402
-from nemofleet import canary, fanout, lockinfo  # noqa: E402
+from nemofleet import canary, fanout  # noqa: E402
+from nemofleet.lock import info as lockinfo  # noqa: E402
 from nemofleet.facts import Fact  # noqa: E402
 from nemofleet.facts.engine import EngineFact  # noqa: E402
 from nemofleet.facts.host import read_part  # noqa: E402

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "src" / "nemofleet"
 # the stages and the CLI on top, and the fleet layer beside them; everything else is below
-TOP = ("nemofleet.cli", "nemofleet.deploy", "nemofleet.runlock", "nemofleet.fleet")
+TOP = ("nemofleet.cli", "nemofleet.deploy", "nemofleet.lock.run", "nemofleet.lock.fleet", "nemofleet.fleet")
 
 
 def _graph() -> dict[str, set[str]]:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from nemofleet import hostcmd as commands
-from nemofleet import lockinfo, paths, remote
+from nemofleet import paths, remote
+from nemofleet.lock import info as lockinfo
 from test_fleet_commands import T1, _release, sandbox  # noqa: F401 - sandbox is the fixture
 
 REMOTE = Path(remote.__file__).parent

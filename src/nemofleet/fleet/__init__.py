@@ -4,9 +4,9 @@ pyinfra runs each operation across all hosts and has no rolling batches, health 
 or rollback. nemofleet drives it per host with --limit, the way Kamal rolls web apps:
 
 - driver.py   the only code that runs pyinfra (`python -m pyinfra`), reads host data and facts
-- (the shell scripts run on hosts and the lock's parsing live below, in nemofleet.hostcmd and
-  nemofleet.lockinfo: the deploy's facts and decision use them too)
-- lock.py     `with_lock(...)`: the one way rollout, rollback, rebuild and `nemofleet lock` lock
+- (the commands run on hosts live below, in nemofleet.hostcmd; the deploy lock is its own package,
+  nemofleet.lock: `with_lock(...)` there is the one way rollout, rollback, rebuild and
+  `nemofleet lock` take it)
 - rollout.py  batches, the health gate, rollout, rollback
 - rebuild.py  disaster recovery of a reinstalled host (host key check first)
 - status.py   release, drift, units, health and weights per host

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from .. import shell  # the one quoting boundary
-from ..lockinfo import operator  # noqa: F401  (the one operator(): fleet commands read it from here)
+from ..lock.info import operator  # noqa: F401  (the one operator(): fleet commands read it from here)
 from ..valuetypes import host_number
 import subprocess
 import sys

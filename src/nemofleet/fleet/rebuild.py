@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import inputs, spec
-from . import driver, gateway, lock, rollout
+from ..lock import fleet as lock
+from . import driver, gateway, rollout
 from .driver import FleetError
 
 SCAN_TIMEOUT = 20

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from .. import canary as gate_math
 from .. import fanout, paths, remote, shell, spec
 from .. import hostcmd as commands
-from .. import lockinfo
-from . import driver, gateway, lock
+from ..lock import fleet as lock
+from ..lock import info as lockinfo
+from . import driver, gateway
 from .driver import FleetError
 
 DEPLOY = "deploys/nemotron.py"

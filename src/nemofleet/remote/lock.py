@@ -10,7 +10,7 @@ and LOCK.released.PID). LOCK/info holds `holder=`, `token_sha256=`, `since=`, `e
 time) and `message=` lines. DIGEST is the SHA-256 (64 hex digits) of the holder's token: the token
 itself never leaves the controller, and `-` (release without a token) matches no lock.
 
-Prints `key=value` lines the controller parses (nemofleet.lockinfo.parse): `state=` (ACQUIRED,
+Prints `key=value` lines the controller parses (nemofleet.lock.info.parse): `state=` (ACQUIRED,
 OWNED, HELD, RELEASED, FREE, NOT_HOLDER, REFRESHED, LOST), the holder's info (prefixed with
 `expired_` for a lock taken over, `released_` for one broken with force) and `now=`, the host's
 clock (an expiry is judged against the host that wrote it).
@@ -35,7 +35,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
     from ._prelude import *  # noqa: F403
 
-NO_INFO_TTL = 2 * 3600  # the default TTL of nemofleet.fleet.lock (hostcmd.NO_INFO_TTL: a test keeps them equal)
+NO_INFO_TTL = 2 * 3600  # the default TTL of nemofleet.lock.fleet (hostcmd.NO_INFO_TTL: a test keeps them equal)
 STALE = 3600  # a temporary directory this old is a leftover of a controller killed mid-step
 INFO_LIMIT = 64 * 1024
 VALUE_LIMIT = 1000

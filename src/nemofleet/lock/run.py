@@ -17,7 +17,7 @@ What was chosen, and why:
   * the take runs after preflight and before the first change, bootstrap's driver install
     included (also an operation of this deploy);
   * the take is atomic on the host: two plain deploys that both passed preflight (which
-    already refuses a host that someone else holds, facts/lock.py) cannot both hold it; the
+    already refuses a host that someone else holds, lock/fact.py) cannot both hold it; the
     second one's operation fails before its first command, with the holder's name, and pyinfra
     skips that host's remaining operations.
 - **Release: when pyinfra disconnects from the host.** The pyinfra CLI disconnects from every
@@ -52,10 +52,10 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 
-from . import hostcmd as commands
-from . import lockinfo
-from .fleet.driver import LOCK_TOKEN_ENV, FleetError, operator
-from .fleet.lock import DEFAULT_TTL, parse_ttl
+from .. import hostcmd as commands
+from . import info as lockinfo
+from ..fleet.driver import LOCK_TOKEN_ENV, FleetError, operator
+from .fleet import DEFAULT_TTL, parse_ttl
 
 TTL_ENV = "NEMOFLEET_LOCK_TTL"
 RUN_TOKEN = secrets.token_hex(16)  # this controller process's token (never leaves it)

@@ -6,17 +6,17 @@
 A rollout exports its lock token to the deploys it runs (NEMOFLEET_LOCK_TOKEN), so its own
 deploy goes on while a plain `pyinfra ... deploys/nemotron.py` of someone else is refused with
 the holder's name. This is the early check, before anything is decided; a plain run then takes
-the lock itself with its first change (nemofleet.runlock), which settles a race between two runs
+the lock itself with its first change (nemofleet.lock.run), which settles a race between two runs
 that both passed this check. The lock itself: nemofleet.hostcmd (layout) and
-nemofleet.fleet.lock.
+nemofleet.lock.fleet.
 """
 
 from __future__ import annotations
 
-from . import Fact
+from ..facts import Fact
 from .. import hostcmd as commands
-from .. import lockinfo
-from ..lockinfo import lock_refusal
+from . import info as lockinfo
+from .info import lock_refusal
 
 __all__ = ["DeployLock", "lock_refusal"]
 

@@ -9,8 +9,8 @@ import os
 import socket
 import time
 
-from .hostcmd import token_digest
-from .valuetypes import UNIX_MAX, host_time, is_number, printable, reads_host
+from ..hostcmd import token_digest
+from ..valuetypes import UNIX_MAX, host_time, is_number, printable, reads_host
 
 
 
@@ -86,7 +86,7 @@ def holds(info: dict, token: str | None) -> bool:
 def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
     """The sentence a deploy's preflight refuses with while another holds the lock, or None when
     it may go on: no lock, the lock is ours (the rollout that holds it exported its token as
-    NEMOFLEET_LOCK_TOKEN, or this plain run took it: nemofleet.runlock), or it expired (the next
+    NEMOFLEET_LOCK_TOKEN, or this plain run took it: nemofleet.lock.run), or it expired (the next
     take, a rollout's or a plain run's first change, takes such a lock over and says whose)."""
     if not info or expired(info, now) or holds(info, token):
         return None

@@ -6,13 +6,13 @@ On every host a directory that appears with its info file in one atomic rename
 (default 2 h, at most 7 days) and a message.
 Only the token's holder releases it (`--force` breaks an abandoned lock); an expired lock is
 taken over, and the takeover is reported. The token goes to the pyinfra deploys the holder
-runs as NEMOFLEET_LOCK_TOKEN, so the deploy's preflight (facts/lock.py) lets them through and
+runs as NEMOFLEET_LOCK_TOKEN, so the deploy's preflight (lock/fact.py) lets them through and
 refuses a foreign plain deploy. A token already in the environment (printed by
 `nemofleet lock acquire`, shown once to its holder) is reused: the rollout then runs under that
 lock and leaves it held. A token is always 128 random bits: one given from outside that is not
 (an operator's name, the digest `lock status` shows) is refused, so nobody but the holder can
 release a lock or run under it. A plain `pyinfra ... deploys/nemotron.py` takes the same lock
-itself (nemofleet.runlock).
+itself (nemofleet.lock.run).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .. import hostcmd as commands
-from .. import lockinfo
-from . import driver
-from .driver import LOCK_TOKEN_ENV, FleetError
+from . import info as lockinfo
+from ..fleet import driver
+from ..fleet.driver import LOCK_TOKEN_ENV, FleetError
 
 DEFAULT_TTL = commands.NO_INFO_TTL  # 2 h
 MAX_TTL = 7 * 86400  # --lock-ttl's maximum: a killed controller's lock blocks the hosts at most this long
