@@ -356,11 +356,11 @@ class Health(_Fact):
     gpus: tuple[HealthGpu, ...] = ()
     refused_fields: tuple[str, ...] = ()
     xids: tuple[Xid, ...] = ()
-    resets: Annotated[Mapping[str, UnixTime], Keys(_xid_bus_problem)] = {}
-    drained: Annotated[Mapping[str, Drained], Keys(gpu_uuid_problem)] = {}
-    fabric_manager: FabricManager | None = None
-    error: Annotated[str, TEXT] | None = None
     boot_time: UnixTime | None = None
+    resets: Annotated[Mapping[str, UnixTime], Keys(_xid_bus_problem)] = {}
+    fabric_manager: FabricManager | None = FabricManager()
+    drained: Annotated[Mapping[str, Drained], Keys(gpu_uuid_problem)] = {}
+    error: Annotated[str, TEXT] | None = None
 
     @pydantic.model_validator(mode="before")
     @classmethod

@@ -30,11 +30,6 @@ class DockerInfo(EngineFact, part="docker"):
     def requests(self):
         return [engine.request("info", "/info")]
 
-    @staticmethod
-    def default():
-        return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
-                "cgroup_version": None, "default_runtime": None, "runtimes": []}
-
     def parse(self, output):
         out = self.default()
         out["installed"] = "installed=1" in [x.strip() for x in output]
@@ -76,10 +71,6 @@ class DaemonJson(Fact, part="daemon_json", reads={"path": "/etc/docker/daemon.js
         # next part of HostFacts' one combined command
         return (f"if [ -f {q} ]; then echo '{self.FILE}'; cat {q}; echo; "
                 f"elif [ -e {q} ] || [ -L {q} ]; then echo '{self.NOT_A_FILE}'; else echo '{ABSENT}'; fi")
-
-    @staticmethod
-    def default():
-        return {"exists": True, "text": "", "data": None, "error": "daemon.json is empty"}
 
     def parse(self, output):
         head, text = output[0].strip(), "\n".join(output[1:])
@@ -133,10 +124,6 @@ class HostAddresses(Fact, part="addresses"):
     def command(self) -> str:
         return "ip -o addr show 2>/dev/null | awk '{print $2, $4}'"
 
-    @staticmethod
-    def default():
-        return {}
-
     def parse(self, output):
         out: dict = {}
         for line in output:
@@ -156,9 +143,7 @@ class Networks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("network", n), engine.named("networks", n)) for n in names]
 
-    @staticmethod
-    def default():
-        return {}
+    empty: dict = {}
 
     def parse(self, output):
         found = engine.answers(output)
@@ -179,9 +164,7 @@ class ContainerNetworks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("container", n), engine.named("containers", n, "/json")) for n in names]
 
-    @staticmethod
-    def default():
-        return {}
+    empty: dict = {}
 
     def parse(self, output):
         found = engine.answers(output)

@@ -94,11 +94,6 @@ class NvidiaGpus(Fact, part="gpus"):
                 f"timeout {SMI_TIMEOUT} nvidia-smi --query-gpu={','.join(GPU_FIELDS)} "
                 '--format=csv,noheader,nounits 2>&1; echo "RC=$?"')
 
-    @staticmethod
-    def default():
-        return {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
-
-
     def parse(self, output):
         lines = [line for line in output if line.strip()]
         if lines[:1] == ["NOCMD"]:
@@ -156,11 +151,6 @@ class ContainerToolkit(Fact, part="toolkit"):
                 "command -v nvidia-container-runtime >/dev/null 2>&1 && echo runtime=1; "
                 "for f in /etc/cdi/nvidia.yaml /var/run/cdi/nvidia.yaml; do [ -s $f ] && echo cdi=$f; done; "
                 "echo cdi_refresh=$(systemctl is-enabled nvidia-cdi-refresh.path 2>/dev/null); true")
-
-    @staticmethod
-    def default():
-        return {"version": None, "hook": False, "runtime": False, "cdi_specs": [], "cdi_refresh": False}
-
 
     def parse(self, output):
         out = self.default()

@@ -53,12 +53,6 @@ class GpuHealth(Fact, part="health"):
                 "| sed -n 's/.*[Vv]ersion is *: *//p' | head -n 1)\"; "
                 "echo \"FM_ACTIVE=$(timeout 5 systemctl is-active nvidia-fabricmanager 2>/dev/null)\"; true")
 
-    @staticmethod
-    def default():
-        return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
-                "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
-
-
     def parse(self, output):
         out = self.default()
         smi, q, rc = [], [], None

@@ -35,10 +35,6 @@ class OsRelease(Fact, part="os"):
     def command(self) -> str:
         return "cat /etc/os-release 2>/dev/null || true"
 
-    @staticmethod
-    def default():
-        return {}
-
     def parse(self, output):
         return {key: value.strip('"') for key, value in key_values(output).items()}
 
@@ -85,10 +81,6 @@ class RdmaDevices(Fact, part="rdma"):
 
     def command(self) -> str:
         return "ls /sys/class/infiniband 2>/dev/null || true"
-
-    @staticmethod
-    def default():
-        return []
 
     def parse(self, output):
         return sorted(w for line in output for w in line.split() if w)

@@ -61,10 +61,6 @@ class ModelsOnDisk(Fact, part="models", reads={"root": "models_root"}):
         # is a third of a python start's CPU on every converged host's no-op
         return shell.join(["timeout", 60, *remote.argv("models_on_disk", root)]) + " 2>/dev/null || echo '{}'"
 
-    @staticmethod
-    def default():
-        return {}
-
     def parse(self, output):
         try:
             return host_json("\n".join(output))
@@ -102,9 +98,7 @@ class HubCommit(Fact):
                                                                         paths.HF_ENV, HUB_COMMIT_TIMEOUT - 5)])
                 + f" 2>/dev/null || echo '{{\"error\": \"the Hub query did not finish within {HUB_COMMIT_TIMEOUT} s\"}}'")
 
-    @staticmethod
-    def default():  # no output at all (pyinfra's value for it too)
-        return {"error": "no answer from the Hub query"}
+    empty: dict = {"error": "no answer from the Hub query"}  # no output at all (pyinfra's value for it too)
 
     def parse(self, output):
         for line in reversed(output):
