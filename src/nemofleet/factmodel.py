@@ -62,7 +62,6 @@ class Keys:
     problem: Callable[[Any], str | None]
 
 
-ANY = object()  # any JSON value (daemon.json's content, the lock's info: typed where they are read)
 TEXT = object()  # a file's text or an error message: line breaks allowed, bounded by MAX_FILE
 
 _NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
@@ -88,8 +87,6 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
     """One sentence naming the first place `value` is not of type `tp` (a model field's annotation,
     with its Annotated metadata), None when it is of it; a model is walked field by field."""
     for m in metadata:
-        if m is ANY:
-            return None
         if m is TEXT:
             if not isinstance(value, str):
                 return f"{where} is {shown(value)}, not a string"
@@ -128,14 +125,10 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
             if why:
                 return why
         return None
-    if tp is Any:
-        return None
     if tp is float:
         return None if is_number(value) else f"{where} is {shown(value)}, not a finite number"
     if tp is int:
         return _problem(value, int, where, (Int(-INT_MAX, INT_MAX),))
-    if tp is dict:
-        return None if isinstance(value, Mapping) else f"{where} is {shown(value)}, not a mapping"
     if isinstance(value, bool) and tp is not bool or not isinstance(value, tp):
         return f"{where} is {shown(value)}, not {_NAMES.get(tp, getattr(tp, '__name__', tp))}"
     if tp is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
