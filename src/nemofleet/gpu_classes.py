@@ -68,7 +68,6 @@ _MATCH = tuple((re.compile(c.match, re.I), c) for c in CLASSES)
 
 # the inventory's class groups (group_data/gpu_<class>.py; a class group without a file is fine)
 CLASS_GROUPS = tuple(f"gpu_{c.short.lower()}" for c in CLASSES if c.group)
-SIZES = tuple(s for c in CLASSES for s in c.sizes)
 UNIFIED = re.compile("|".join(c.match for c in CLASSES if c.unified), re.I)
 
 

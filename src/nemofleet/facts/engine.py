@@ -86,10 +86,6 @@ def read_command(requests) -> str:
             f"else echo '{MARK}error python3'; fi")
 
 
-def is_answer(line: str) -> bool:
-    return line.startswith(MARK)
-
-
 def answers(output) -> dict:
     """{key: (status, body)} from a read's lines (other lines are ignored); status is an int for
     an HTTP status, else "down", "timeout" or "garbled"; body is the parsed JSON of an HTTP
@@ -98,7 +94,7 @@ def answers(output) -> dict:
     found: dict = {}
     saw = False
     for line in output:
-        if not is_answer(line):
+        if not line.startswith(MARK):
             continue
         saw = True
         status, _, rest = line[len(MARK):].partition(" ")

@@ -22,10 +22,7 @@ CHECK_SCRIPT = remote.source("weights_check")
 
 # Bounded like every remote command: the check stats the files (a hung NFS models root must not
 # hang the run); `full` hashes every shard (232 GB at a slow disk's 100 MB/s is ~40 min).
-CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600}
-
-
-CHECK_TIMEOUT["clean"] = CHECK_TIMEOUT["check"]
+CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600, "clean": 600}
 
 
 def check_command(directory: str, revision: str, mode: str) -> str:
