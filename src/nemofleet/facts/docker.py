@@ -101,11 +101,10 @@ class ImageInfo(EngineFact, part="image", reads={"ref": "image"}):
 
     def parse(self, output):
         """process(): None (absent) on a timeout too: the image op then pulls, itself bounded."""
-        found = engine.answers(output)
-        keys = engine.keyed(found, "image")
+        keys = engine.keyed(output, "image")
         if not keys:
             return None
-        status, body = engine.answer(found, keys[0][1])
+        _, status, body = keys[0]
         if status == "timeout":
             raise Unreadable(f"docker image inspect did not answer within {engine.ENGINE_TIMEOUT} s (dockerd hung?)")
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("Id"), str):
@@ -146,10 +145,8 @@ class Networks(EngineFact):
     empty: dict = {}
 
     def parse(self, output):
-        found = engine.answers(output)
         out = {}
-        for name, key in engine.keyed(found, "network"):
-            status, body = engine.answer(found, key)
+        for name, status, body in engine.keyed(output, "network"):
             out[name] = status == 200 and isinstance(body, dict) and body.get("Name") == name
         return out
 
@@ -167,10 +164,8 @@ class ContainerNetworks(EngineFact):
     empty: dict = {}
 
     def parse(self, output):
-        found = engine.answers(output)
         out: dict[str, dict | None] = {}
-        for name, key in engine.keyed(found, "container"):
-            status, body = engine.answer(found, key)
+        for name, status, body in engine.keyed(output, "container"):
             if status != 200 or not isinstance(body, dict) or body.get("Name") != f"/{name}":
                 out[name] = None  # not there (404), or the engine could not tell
                 continue

@@ -67,9 +67,10 @@ def key(kind: str, name: str) -> str:
     return f"{kind}:{_quoted(name)}"
 
 
-def keyed(found: dict, kind: str) -> list[tuple[str, str]]:
-    """[(name, key)] of the answers of one kind, the names as the fact was asked for them."""
-    return [(url_unquote(k[len(kind) + 1:]), k) for k in found if k.startswith(f"{kind}:")]
+def keyed(output, kind: str) -> list[tuple[str, Any, Any]]:
+    """[(name, status, body)] of a read's answers of one kind (`answers`), the names as the fact
+    was asked for them."""
+    return [(url_unquote(k[len(kind) + 1:]), *v) for k, v in answers(output).items() if k.startswith(f"{kind}:")]
 
 
 def read_command(requests) -> str:
