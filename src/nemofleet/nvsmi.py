@@ -39,7 +39,6 @@ COUNTS = ("ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggre
 YES_NO = ("retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure")
 ACTIVE = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
           "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown")
-TEXT = ("ecc.mode.current", "fabric.state", "fabric.status", "gpu_recovery_action", "persistence_mode")
 HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
                             "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending",
                             "remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending",

@@ -116,10 +116,8 @@ _TOOLS = frozenset({"qwen3_coder", "hermes", "llama3_json", "mistral", "openai",
 # (make_arg_parser in vllm.entrypoints.launchers.cli_args; `make test-real-vllm` re-checks it):
 # no --disable-log-requests, prefix caching is --enable-prefix-caching/--no-enable-prefix-caching,
 # --mamba-cache-mode takes align|none, and these backend/dtype choices.
-_MOE_032 = ("aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "auto", "b12x", "batched_triton", "cutlass",
-            "deep_gemm", "deep_gemm_mega_moe", "emulation", "flashinfer_b12x", "flashinfer_cutedsl",
-            "flashinfer_cutlass", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
-            "flashinfer_trtllm", "flydsl", "hpc", "humming", "marlin", "rdna3", "triton", "triton_unfused")
+# its MoE backends: the later list but aiter_triton_mxfp4_mxfp4, in the parser's (sorted) order
+_MOE_032 = tuple(sorted(set(MOE_BACKENDS) - {"aiter_triton_mxfp4_mxfp4"}))
 _KV_032 = ("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
            "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
            "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4",
