@@ -505,16 +505,11 @@ def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: Facts) -> list
     return vt.coded("front-door", out)
 
 
-def bridge_gateway(facts: Facts) -> str | None:
-    """Docker's default bridge gateway (docker0): what host-gateway resolves to in containers."""
-    v4 = [a for a in facts.addresses.get("docker0", ()) if ":" not in a]
-    return v4[0] if v4 else None
-
-
 def front_door(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
     """The front door's config, drop-in, drain script and keys file, the drain restarts, and what
     frontends are told."""
-    bridge = bridge_gateway(facts)
+    # Docker's default bridge gateway (docker0's first IPv4 address): what host-gateway resolves to in containers
+    bridge = next((a for a in facts.addresses.get("docker0", ()) if ":" not in a), None)
     where = s.front_door_address or bridge
     warnings = []
     if s.frontends and not where:
