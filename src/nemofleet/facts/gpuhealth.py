@@ -55,7 +55,9 @@ class GpuHealth(Fact, part="health"):
 
     def parse(self, output):
         out = self.default()
-        smi, q, rc = [], [], None
+        smi: list[str] = []
+        q: list[str] = []
+        rc = None
         # "TAG:value" lines: nvidia-smi's query, `nvidia-smi -q`'s recovery actions, Xid lines, resets, drained GPUs
         tagged = {"SMI": smi.append, "Q": q.append, "XID": lambda v: _xid(v, out), "RESET": lambda v: _reset(v, out),
                   "DRAINED": lambda v: _drained(v, out)}
