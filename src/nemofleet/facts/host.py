@@ -14,7 +14,7 @@ from ..valuetypes import host_number, key_values
 from . import docker, lock, weights  # noqa: F401  (imported for the parts their facts declare)
 from .gpu import TIMED_OUT
 from .gpuhealth import SMI_HUNG
-from . import engine, schema
+from . import engine
 from .schema import part_problem
 
 
@@ -176,13 +176,10 @@ def facts_file_problem(host: str, facts) -> str | None:
     types (facts/schema.py), None when it is."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
-    for key in HostFacts.PARTS:
+    for key in (*HostFacts.PARTS, "errors"):
         why = part_problem(key, facts[key]) if key in facts else None
         if why:
             return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
-    why = schema.part_problem("errors", facts.get("errors", {}))
-    if why:
-        return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
     # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan;
     # a facts file written before the health part existed plans as if every GPU were healthy
     missing = [k for k in HostFacts.PARTS
