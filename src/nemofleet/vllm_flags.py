@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -326,17 +327,11 @@ CODE_FLAGS = ("--middleware", "--logits-processors", "--worker-extension-cls", "
 LISTEN_FLAGS = ("--host", "--port", "--uds")
 
 
+@functools.cache
 def accepted(version: str) -> dict | None:
     """The generated table of `version` ({"flags": {name: row}, ...}), or None when none is committed."""
     path = DATA / f"vllm_args_{version}.json"
-    if not path.is_file():
-        return None
-    if version not in _ACCEPTED:
-        _ACCEPTED[version] = json.loads(path.read_text())
-    return _ACCEPTED[version]
-
-
-_ACCEPTED: dict[str, dict] = {}
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def refused_class(name: str) -> str | None:
