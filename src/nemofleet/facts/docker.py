@@ -36,7 +36,7 @@ class DockerInfo(EngineFact, part="docker"):
         if not out["installed"]:
             return out  # no docker CLI: nothing else to read (the engine, if any, is not one nemofleet can drive)
         try:
-            status, body = engine.answer(engine.answers(output), "info")
+            status, body = engine.answers(output).get("info") or ("down", None)  # "down": the read has no answer to it
         except Unreadable as exc:
             raise Unreadable(str(exc), out) from None
         if status == "timeout":

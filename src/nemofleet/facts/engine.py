@@ -120,11 +120,6 @@ def answers(output) -> dict:
     return found
 
 
-def answer(found: dict, key: str) -> tuple[object, object]:
-    """(status, body) of one request; ("down", None) when the read did not make it."""
-    return found.get(key) or ("down", None)
-
-
 class EngineFact(Fact):
     """A fact read from the Engine API: `requests(**kwargs)` names what it asks for and `parse(lines)`
     takes its keys from `answers(lines)`; `prefix(**kwargs)` is a shell command whose lines come
