@@ -21,11 +21,6 @@ from ..nvsmi import (  # noqa: F401  (the names the facts and their tests use)
 from ..valuetypes import host_number, shown
 
 
-def _rc_split(lines: list[str]) -> tuple[list[str], int | None]:
-    rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
-    return (lines[:-1], rc) if rc is not None else (lines, None)
-
-
 def _gpu_row(n: int, row: list[str], memtotal_kb: int | None, rows: int) -> dict:
     """The `n`th --query-gpu row of `rows`, each field typed as nvidia-smi prints it (nvsmi.typed);
     Unreadable naming the GPU (its index, else the row) and quoting the row otherwise.
@@ -99,7 +94,8 @@ class NvidiaGpus(Fact, part="gpus"):
         if lines[:1] == ["NOCMD"]:
             return self.default()
         lines, memtotal_kb = _memtotal(lines)
-        lines, rc = _rc_split(lines)
+        rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
+        lines = lines[:-1] if rc is not None else lines
         if rc == TIMED_OUT:
             sentence = f"nvidia-smi did not answer within {SMI_TIMEOUT} s (hung driver?)"
             raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []})
