@@ -64,8 +64,7 @@ class Keys:
 
 TEXT = object()  # a file's text or an error message: line breaks allowed, bounded by MAX_FILE
 
-_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
-          list: "a list"}
+_NAMES = {str: "a string", bool: "true or false"}  # the types reaching _problem's last check (int and float have their own)
 
 
 _FORMS: dict[int, tuple] = {}  # id(type) -> (type, its form): a typing alias hashes slowly
