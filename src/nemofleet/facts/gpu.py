@@ -61,17 +61,6 @@ def _csv_row(line: str) -> list[str]:
         return [line]
 
 
-def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
-    """(the other lines, MemTotal in kB or None): the MEMTOTAL_KB= line typed at the edge."""
-    rest, kb = [], None
-    for line in lines:
-        if line.startswith(MEMTOTAL):
-            kb = host_number(line[len(MEMTOTAL):], 1, 2**50)
-        else:
-            rest.append(line)
-    return rest, kb
-
-
 class NvidiaGpus(Fact, part="gpus"):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
@@ -93,7 +82,10 @@ class NvidiaGpus(Fact, part="gpus"):
         lines = [line for line in output if line.strip()]
         if lines[:1] == ["NOCMD"]:
             return self.default()
-        lines, memtotal_kb = _memtotal(lines)
+        # the MEMTOTAL_KB= line (MemTotal in kB) typed at the edge
+        memtotal = [host_number(ln[len(MEMTOTAL):], 1, 2**50) for ln in lines if ln.startswith(MEMTOTAL)]
+        memtotal_kb = memtotal[-1] if memtotal else None
+        lines = [ln for ln in lines if not ln.startswith(MEMTOTAL)]
         rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
         lines = lines[:-1] if rc is not None else lines
         if rc == TIMED_OUT:
