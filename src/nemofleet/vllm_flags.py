@@ -106,8 +106,9 @@ class VllmVersion:
     tool_parsers: frozenset[str]
 
 
-def _table(extra: list[Flag]) -> dict[str, Flag]:
-    return {f.name: f for f in _COMMON + extra}
+def _table(extra: list[Flag], drop: tuple[str, ...] = ()) -> dict[str, Flag]:
+    """_COMMON less `drop`, with `extra` (a flag of a name _COMMON has replaces it in its place)."""
+    return {f.name: f for f in _COMMON + extra if f.name not in drop}
 
 
 _REASONING = frozenset({"nemotron_v3", "deepseek_r1", "qwen3", "granite", "openai_gptoss"})
@@ -124,15 +125,6 @@ _KV_032 = ("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_
            "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4",
            "ultraquant_4bit")
 
-
-def _table_032() -> dict[str, Flag]:
-    t = {f.name: f for f in _COMMON if f.name not in ("--disable-log-requests", "--disable-prefix-caching")}
-    t["--moe-backend"] = Flag("--moe-backend", "choice", _MOE_032)
-    t["--kv-cache-dtype"] = Flag("--kv-cache-dtype", "choice", _KV_032)
-    t["--no-enable-prefix-caching"] = Flag("--no-enable-prefix-caching", "bool")
-    t["--mamba-cache-mode"] = Flag("--mamba-cache-mode", "choice", ("align", "none"))
-    t["--device-ids"] = Flag("--device-ids", "str")
-    return t
 
 def _table_033() -> dict[str, Flag]:
     return _table([
@@ -155,7 +147,13 @@ VERSIONS: dict[str, VllmVersion] = {
     ),
     # Parsed by the real 0.32.0 parser; CUDA 13.0: vLLM's images are CUDA 13.0 after v0.20.0
     # (vllm-project/vllm#42738) -- an image's own NVIDIA_REQUIRE_CUDA overrides this when it is on the host.
-    "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
+    "0.32.0": VllmVersion("0.32.0", "13.0", _table([
+        Flag("--moe-backend", "choice", _MOE_032),
+        Flag("--kv-cache-dtype", "choice", _KV_032),
+        Flag("--no-enable-prefix-caching", "bool"),
+        Flag("--mamba-cache-mode", "choice", ("align", "none")),
+        Flag("--device-ids", "str"),
+    ], drop=("--disable-log-requests", "--disable-prefix-caching")), _REASONING, _TOOLS),
     # vLLM 0.33 engine args: --mamba-cache-mode is deprecated and has no effect (derived from
     # prefix caching), 'all' is gone; images are CUDA 13.0.
     "0.33.0": VllmVersion("0.33.0", "13.0", _table_033(), _REASONING, _TOOLS),
