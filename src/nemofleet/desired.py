@@ -263,16 +263,6 @@ def seed_sources(s: settings_mod.Settings) -> dict | list | None:
     return peers if isinstance(seed, tuple) else peers[0]
 
 
-def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: Facts) -> list[Download]:
-    seed = seed_sources(s)
-    on_disk = facts.models
-    return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
-                     token_file=paths.HF_ENV if secrets.get("hf_token") else None,
-                     full_verify=s.weights_verify == "full", seed=seed or None,
-                     link_from=link_source(d["dir"], d["revision"], on_disk))
-            for d in p.downloads]
-
-
 def api_instances(p: Plan) -> list:
     """The instances that serve an API (all but a serving group's headless workers)."""
     return [i for i in p.instances if not (i.group and not i.group.head)]
@@ -429,9 +419,13 @@ def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: di
 def weights(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> tuple[dict[str, Any], list[str]]:
     """The image and the weights this plan needs (and where they come from), and the weights
     directories no release here uses any more."""
-    wanted = downloads(s, p, secrets, facts)
+    seed = seed_sources(s)  # every download's sources are the same
+    wanted = [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
+                       token_file=paths.HF_ENV if secrets.get("hf_token") else None,
+                       full_verify=s.weights_verify == "full", seed=seed,
+                       link_from=link_source(d["dir"], d["revision"], facts.models))
+              for d in p.downloads]
     warnings = []
-    seed = wanted[0].seed if wanted else None  # every download's sources are the same
     if seed and any(not (m := facts.models.get(x.directory.rsplit("/", 1)[-1])) or not m.complete for x in wanted):
         seeds = seed if isinstance(seed, list) else [seed]
         peers = [x["host"] for x in seeds]
