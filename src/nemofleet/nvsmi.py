@@ -50,8 +50,6 @@ HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile
 # "[Unknown Error]" read as "MIG off" would plan whole-GPU instances on a MIG GPU)
 NUMBERS = COUNTS + ("index", "memory.total")
 MIG_MODES = ("Enabled", "Disabled")
-# boards whose GPU shares the system memory and prints memory.total as [N/A]: DGX Spark (GB10) and
-# Jetson Thor (docs/recipes.md#unified-memory); no other GPU may be sized from MemTotal
 
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)
