@@ -206,16 +206,6 @@ def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list
     return out, absent
 
 
-def host_files(s: settings_mod.Settings, facts: Facts) -> FileMap:
-    out = {}
-    proxy = render.docker_proxy(s)
-    if proxy:
-        out[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
-    if facts.toolkit.version and s.nvidia_dev_char_rule:
-        out[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
-    return out
-
-
 def link_source(directory: str, revision: str, on_disk: Mapping[str, ModelDir]) -> tuple[str, str] | None:
     """A complete directory of the same repo to hard-link from before downloading `directory`
     (same commit under the old name: nothing to fetch; another commit: only the changed files)."""
@@ -406,8 +396,14 @@ def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -
 def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
     """The host's own files: Docker's proxy drop-in and the /dev/char rule, the 0600 secrets, the
     fleet seed key's authorized_keys line, how it gets a CDI spec."""
+    files: FileMap = {}
+    proxy = render.docker_proxy(s)
+    if proxy:
+        files[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
+    if facts.toolkit.version and s.nvidia_dev_char_rule:
+        files[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
     secret, absent = secret_files(s, secrets)
-    out = dict(host_files=host_files(s, facts), secret_files=secret, absent=absent, secret_dirs={paths.ETC: "0700"},
+    out = dict(host_files=files, secret_files=secret, absent=absent, secret_dirs={paths.ETC: "0700"},
                cdi_command=cdi_command(p, facts))
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
         out.update(seed_public_key=secrets["weights_seed_public_key"].line(),
