@@ -26,7 +26,7 @@ from urllib.parse import quote as url_quote, unquote as url_unquote
 
 from .. import remote, shell
 from . import Fact
-from .gpu import TIMED_OUT, Unreadable
+from ..nvsmi import TIMED_OUT, Unreadable
 from ..valuetypes import host_json, host_number
 
 MARK = "@@engine "
