@@ -20,7 +20,6 @@ facts/host.py below it use it to check what a fact printed; inputs.py builds `Fa
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from collections import abc
@@ -32,11 +31,10 @@ import pydantic
 from .dockerconf import host_file_problem
 from .nvsmi import HEALTH_FIELDS, MIG_MODES, UNIFIED, XID_BUS, Unreadable, bus_key, typed
 from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
-                         is_number, shown)
+                         _CONTROL, is_number, shown)
 
 MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
 MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # ---------------------------------------------------------------------------- the range markers

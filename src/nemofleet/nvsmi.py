@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 
 from .gpu_classes import UNIFIED  # noqa: F401  (the boards whose memory is the system's)
-from .valuetypes import Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+from .valuetypes import _CONTROL, Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
               "pci.bus_id", "mig.mode.current", "persistence_mode")
