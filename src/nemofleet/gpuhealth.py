@@ -66,14 +66,10 @@ def read(health) -> Health:
 
 
 def _row_of(gpu, rows) -> dict | None:
-    for r in rows:
-        if r.get("uuid") and r["uuid"] == gpu.uuid:
-            return r
+    """The GPU's health row by its uuid, else by its bus id (a row is never empty: it has a uuid)."""
     key = bus_key(gpu.bus_id) if getattr(gpu, "bus_id", "") else None
-    for r in rows:
-        if key and r.get("pci.bus_id") and bus_key(r["pci.bus_id"]) == key:
-            return r
-    return None
+    return (next((r for r in rows if r["uuid"] == gpu.uuid), None)
+            or next((r for r in rows if key and r.get("pci.bus_id") and bus_key(r["pci.bus_id"]) == key), None))
 
 
 def _xids_of(gpu, row: dict | None, h: Health) -> tuple[list, int]:
