@@ -206,16 +206,6 @@ def secret_files(s: settings_mod.Settings, secrets: dict) -> tuple[FileMap, list
     return out, absent
 
 
-def host_files(s: settings_mod.Settings, facts: Facts) -> FileMap:
-    out = {}
-    proxy = render.docker_proxy(s)
-    if proxy:
-        out[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
-    if facts.toolkit.version and s.nvidia_dev_char_rule:
-        out[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
-    return out
-
-
 def link_source(directory: str, revision: str, on_disk: Mapping[str, ModelDir]) -> tuple[str, str] | None:
     """A complete directory of the same repo to hard-link from before downloading `directory`
     (same commit under the old name: nothing to fetch; another commit: only the changed files)."""
@@ -261,16 +251,6 @@ def seed_sources(s: settings_mod.Settings) -> dict | list | None:
     # settings.SeedPeer, or a tuple of them tried in order
     peers = [{**x.as_dict(), **extra} for x in (seed if isinstance(seed, tuple) else (seed,))]
     return peers if isinstance(seed, tuple) else peers[0]
-
-
-def downloads(s: settings_mod.Settings, p: Plan, secrets: dict, facts: Facts) -> list[Download]:
-    seed = seed_sources(s)
-    on_disk = facts.models
-    return [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
-                     token_file=paths.HF_ENV if secrets.get("hf_token") else None,
-                     full_verify=s.weights_verify == "full", seed=seed or None,
-                     link_from=link_source(d["dir"], d["revision"], on_disk))
-            for d in p.downloads]
 
 
 def api_instances(p: Plan) -> list:
@@ -416,8 +396,14 @@ def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -
 def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
     """The host's own files: Docker's proxy drop-in and the /dev/char rule, the 0600 secrets, the
     fleet seed key's authorized_keys line, how it gets a CDI spec."""
+    files: FileMap = {}
+    proxy = render.docker_proxy(s)
+    if proxy:
+        files[paths.DOCKER_PROXY] = (proxy, "0600")  # a proxy URL may carry credentials
+    if facts.toolkit.version and s.nvidia_dev_char_rule:
+        files[paths.DEV_CHAR_RULE] = (render.DEV_CHAR_RULE_TEXT, "0644")  # some runc versions need the links
     secret, absent = secret_files(s, secrets)
-    out = dict(host_files=host_files(s, facts), secret_files=secret, absent=absent, secret_dirs={paths.ETC: "0700"},
+    out = dict(host_files=files, secret_files=secret, absent=absent, secret_dirs={paths.ETC: "0700"},
                cdi_command=cdi_command(p, facts))
     if secrets.get("weights_seed_key") and secrets.get("weights_seed_public_key"):
         out.update(seed_public_key=secrets["weights_seed_public_key"].line(),
@@ -429,9 +415,13 @@ def host_files_part(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: di
 def weights(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> tuple[dict[str, Any], list[str]]:
     """The image and the weights this plan needs (and where they come from), and the weights
     directories no release here uses any more."""
-    wanted = downloads(s, p, secrets, facts)
+    seed = seed_sources(s)  # every download's sources are the same
+    wanted = [Download(repo=d["repo"], revision=d["revision"], directory=d["dir"], endpoint=p.env.get("HF_ENDPOINT"),
+                       token_file=paths.HF_ENV if secrets.get("hf_token") else None,
+                       full_verify=s.weights_verify == "full", seed=seed,
+                       link_from=link_source(d["dir"], d["revision"], facts.models))
+              for d in p.downloads]
     warnings = []
-    seed = wanted[0].seed if wanted else None  # every download's sources are the same
     if seed and any(not (m := facts.models.get(x.directory.rsplit("/", 1)[-1])) or not m.complete for x in wanted):
         seeds = seed if isinstance(seed, list) else [seed]
         peers = [x["host"] for x in seeds]
@@ -505,16 +495,11 @@ def front_door_refusals(s: settings_mod.Settings, p: Plan, facts: Facts) -> list
     return vt.coded("front-door", out)
 
 
-def bridge_gateway(facts: Facts) -> str | None:
-    """Docker's default bridge gateway (docker0): what host-gateway resolves to in containers."""
-    v4 = [a for a in facts.addresses.get("docker0", ()) if ":" not in a]
-    return v4[0] if v4 else None
-
-
 def front_door(s: settings_mod.Settings, p: Plan, facts: Facts, secrets: dict) -> dict[str, Any]:
     """The front door's config, drop-in, drain script and keys file, the drain restarts, and what
     frontends are told."""
-    bridge = bridge_gateway(facts)
+    # Docker's default bridge gateway (docker0's first IPv4 address): what host-gateway resolves to in containers
+    bridge = next((a for a in facts.addresses.get("docker0", ()) if ":" not in a), None)
     where = s.front_door_address or bridge
     warnings = []
     if s.frontends and not where:

@@ -20,7 +20,6 @@ facts/host.py below it use it to check what a fact printed; inputs.py builds `Fa
 
 from __future__ import annotations
 
-import re
 import types
 import typing
 from collections import abc
@@ -32,11 +31,10 @@ import pydantic
 from .dockerconf import host_file_problem
 from .nvsmi import HEALTH_FIELDS, MIG_MODES, UNIFIED, XID_BUS, Unreadable, bus_key, typed
 from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
-                         is_number, shown)
+                         _CONTROL, is_number, shown)
 
 MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
 MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # ---------------------------------------------------------------------------- the range markers
@@ -62,11 +60,9 @@ class Keys:
     problem: Callable[[Any], str | None]
 
 
-ANY = object()  # any JSON value (daemon.json's content, the lock's info: typed where they are read)
 TEXT = object()  # a file's text or an error message: line breaks allowed, bounded by MAX_FILE
 
-_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", dict: "a mapping",
-          list: "a list"}
+_NAMES = {str: "a string", bool: "true or false"}  # the types reaching _problem's last check (int and float have their own)
 
 
 _FORMS: dict[int, tuple] = {}  # id(type) -> (type, its form): a typing alias hashes slowly
@@ -88,8 +84,6 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
     """One sentence naming the first place `value` is not of type `tp` (a model field's annotation,
     with its Annotated metadata), None when it is of it; a model is walked field by field."""
     for m in metadata:
-        if m is ANY:
-            return None
         if m is TEXT:
             if not isinstance(value, str):
                 return f"{where} is {shown(value)}, not a string"
@@ -128,14 +122,10 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
             if why:
                 return why
         return None
-    if tp is Any:
-        return None
     if tp is float:
         return None if is_number(value) else f"{where} is {shown(value)}, not a finite number"
     if tp is int:
         return _problem(value, int, where, (Int(-INT_MAX, INT_MAX),))
-    if tp is dict:
-        return None if isinstance(value, Mapping) else f"{where} is {shown(value)}, not a mapping"
     if isinstance(value, bool) and tp is not bool or not isinstance(value, tp):
         return f"{where} is {shown(value)}, not {_NAMES.get(tp, getattr(tp, '__name__', tp))}"
     if tp is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
@@ -356,11 +346,11 @@ class Health(_Fact):
     gpus: tuple[HealthGpu, ...] = ()
     refused_fields: tuple[str, ...] = ()
     xids: tuple[Xid, ...] = ()
-    resets: Annotated[Mapping[str, UnixTime], Keys(_xid_bus_problem)] = {}
-    drained: Annotated[Mapping[str, Drained], Keys(gpu_uuid_problem)] = {}
-    fabric_manager: FabricManager | None = None
-    error: Annotated[str, TEXT] | None = None
     boot_time: UnixTime | None = None
+    resets: Annotated[Mapping[str, UnixTime], Keys(_xid_bus_problem)] = {}
+    fabric_manager: FabricManager | None = FabricManager()
+    drained: Annotated[Mapping[str, Drained], Keys(gpu_uuid_problem)] = {}
+    error: Annotated[str, TEXT] | None = None
 
     @pydantic.model_validator(mode="before")
     @classmethod

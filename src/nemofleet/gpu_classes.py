@@ -68,7 +68,8 @@ _MATCH = tuple((re.compile(c.match, re.I), c) for c in CLASSES)
 
 # the inventory's class groups (group_data/gpu_<class>.py; a class group without a file is fine)
 CLASS_GROUPS = tuple(f"gpu_{c.short.lower()}" for c in CLASSES if c.group)
-SIZES = tuple(s for c in CLASSES for s in c.sizes)
+# boards whose GPU shares the system memory and prints memory.total as [N/A]: DGX Spark (GB10) and
+# Jetson Thor (docs/recipes.md#unified-memory); no other GPU may be sized from MemTotal
 UNIFIED = re.compile("|".join(c.match for c in CLASSES if c.unified), re.I)
 
 

@@ -50,73 +50,53 @@ class Admission:
     warnings: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Lookup:
-    """What admission works from, derived once from the typed health part: each GPU's row of
-    nvidia-smi values ({query field: typed value}, with uuid and lost), the Xids, resets and boot
-    time keyed by the bus id as an Xid line gives it (nvsmi.bus_key), the fabric manager."""
-    rows: tuple = ()
-    xids: tuple = ()  # ({"code", "bus_id", "time", "text"}, ...)
-    resets: dict = field(default_factory=dict)  # {bus key: unix time}
-    boot_time: int | None = None
-    fabric_manager: FabricManager | None = None
-
-
-def read(health) -> Lookup:
-    """The Lookup of a host's typed health part (factmodel.Health, typed once at the edge). A
-    mapping (a test's, a hand-written fixture's) is typed through the same model; HealthError
-    with its one sentence when it is not of that type."""
+def read(health) -> Health:
+    """A host's typed health part (factmodel.Health, typed once at the edge). A mapping (a test's,
+    a hand-written fixture's) is typed through the same model; HealthError with its one sentence
+    when it is not of that type."""
     if health is None:
-        return Lookup()
+        return Health()
     if not isinstance(health, Health):
         typed, problems = parse({"health": health})  # the edge's own parser, once
         if problems:
             raise HealthError(f"the health facts cannot be read: {problems[0]}; write them with "
                               "`pyinfra INVENTORY --json fact nemofleet.facts.host.HostFacts`")
         health = typed.health
-    return Lookup(rows=tuple({**r.values, "uuid": r.uuid, "lost": r.lost} for r in health.gpus),
-                  xids=tuple({"code": x.code, "bus_id": bus_key(x.bus_id), "time": x.time, "text": x.text or ""}
-                             for x in health.xids),
-                  resets={bus_key(k): v for k, v in health.resets.items()}, boot_time=health.boot_time,
-                  fabric_manager=health.fabric_manager)
+    return health
 
 
 def _row_of(gpu, rows) -> dict | None:
-    for r in rows:
-        if r.get("uuid") and r["uuid"] == gpu.uuid:
-            return r
+    """The GPU's health row by its uuid, else by its bus id (a row is never empty: it has a uuid)."""
     key = bus_key(gpu.bus_id) if getattr(gpu, "bus_id", "") else None
-    for r in rows:
-        if key and r.get("pci.bus_id") and bus_key(r["pci.bus_id"]) == key:
-            return r
-    return None
+    return (next((r for r in rows if r["uuid"] == gpu.uuid), None)
+            or next((r for r in rows if key and r.get("pci.bus_id") and bus_key(r["pci.bus_id"]) == key), None))
 
 
-def _xids_of(gpu, row: dict | None, h: Lookup) -> tuple[list[dict], int]:
+def _xids_of(gpu, row: dict | None, h: Health) -> tuple[list, int]:
     """(Xid events that count for this GPU: after the boot and its last recorded reset, the
     number of Xid 64 since boot)."""
     bus = getattr(gpu, "bus_id", "") or (row or {}).get("pci.bus_id") or ""
     if not bus:
         return [], 0
     key = bus_key(bus)
-    mine = [x for x in h.xids if x["bus_id"] == key]
+    mine = [x for x in h.xids if bus_key(x.bus_id) == key]
     # an Xid's time is btime (whole seconds) + seconds since boot, so it can read up to 1 s late:
     # one within a second of a recorded reset is the reset's own
-    reset = h.resets.get(key)
+    reset = {bus_key(k): v for k, v in h.resets.items()}.get(key)
     since = max(h.boot_time or 0, reset + 1 if reset else 0)
-    counting = [x for x in mine if x["time"] is None or x["time"] > since]
-    return counting, sum(1 for x in mine if x["code"] == 64)
+    counting = [x for x in mine if x.time is None or x.time > since]
+    return counting, sum(1 for x in mine if x.code == 64)
 
 
-def sickness(gpu, row: dict | None, h: Lookup) -> str | None:
+def sickness(gpu, row: dict | None, h: Health) -> str | None:
     """What was seen and what to do, when this GPU must not serve; None when it may."""
     n = gpu.index
     reset = f"drain it, run nvidia-smi -r -i {n} and record the reset (docs/gpu-health.md), then deploy again"
     counting, xid64 = _xids_of(gpu, row, h)
-    bad = [x for x in counting if x["code"] in DRAIN_XIDS]
+    bad = [x for x in counting if x.code in DRAIN_XIDS]
     if row is not None:
         if row.get("lost"):
-            cause = f" after Xid {bad[-1]['code']} ({DRAIN_XIDS[bad[-1]['code']]})" if bad else ""
+            cause = f" after Xid {bad[-1].code} ({DRAIN_XIDS[bad[-1].code]})" if bad else ""
             return f"nvidia-smi reports it lost ([GPU is lost]){cause}; reboot the host"
         action = row.get("gpu_recovery_action")
         if action not in (None, "None"):
@@ -136,12 +116,12 @@ def sickness(gpu, row: dict | None, h: Lookup) -> str | None:
             return f"retired_pages.pending is Yes (pages wait for retirement at the next reset); {reset}"
     if bad:
         x = bad[-1]
-        seen = f"Xid {x['code']} ({DRAIN_XIDS[x['code']]}) in the kernel log since boot"
-        if len({y["code"] for y in bad}) > 1:
-            seen += f" (and Xid {', '.join(str(c) for c in sorted({y['code'] for y in bad} - {x['code']}))})"
-        if any(y["code"] == 79 for y in bad):
+        seen = f"Xid {x.code} ({DRAIN_XIDS[x.code]}) in the kernel log since boot"
+        if len({y.code for y in bad}) > 1:
+            seen += f" (and Xid {', '.join(str(c) for c in sorted({y.code for y in bad} - {x.code}))})"
+        if any(y.code == 79 for y in bad):
             return f"{seen}; reboot the host (a GPU that fell off the bus cannot be reset)"
-        if xid64 >= REPEATED_XID64 and any(y["code"] == 64 for y in bad):
+        if xid64 >= REPEATED_XID64 and any(y.code == 64 for y in bad):
             return f"{seen}, Xid 64 {xid64} times since boot; replace the GPU"
         return f"{seen}; {reset}"
     return None
@@ -166,9 +146,10 @@ def admit(gpus: list, health) -> Admission:
     """The GPUs of `gpus` (plan.Gpu) that may serve, a sentence per GPU left out and warnings.
     HealthError when the health facts cannot be read."""
     h = read(health)
+    rows = [{**r.values, "uuid": r.uuid, "lost": r.lost} for r in h.gpus]
     adm = Admission(admitted=[])
     for g in gpus:
-        row = _row_of(g, h.rows)
+        row = _row_of(g, rows)
         why = sickness(g, row, h)
         if why:
             adm.left_out[g.uuid] = f"GPU {g.index} ({g.uuid}) is left out of the plan: {why}"
@@ -193,7 +174,7 @@ def fabric_refusal(health, driver: str | None, names=()) -> str | None:
         h = read(health)
     except HealthError:
         return None  # admit() says it
-    rows = [r for r in h.rows if r.get("fabric.state") is not None]
+    rows = [r.values for r in h.gpus if r.values.get("fabric.state") is not None]
     if not rows:
         return None
     fm = h.fabric_manager or FabricManager()

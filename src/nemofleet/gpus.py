@@ -63,16 +63,10 @@ def arch_for_cc(cc: str) -> Arch:
     if major is None or minor is None:
         raise UnsupportedGpu(f"compute capability {shown(cc)} is not of the form MAJOR.MINOR")
     sm = major * 10 + minor
-    if sm >= 110:
-        return ARCHS["sm12x"]
-    if sm >= 100:
-        return ARCHS["blackwell"]
-    if sm >= 90:
-        return ARCHS["hopper"]
-    if sm == 89:
-        return ARCHS["ada"]
-    if sm >= 80:
-        return ARCHS["ampere"]
+    # the lowest sm of each architecture (cc 11.0, Jetson Thor, is sm12x; sm 86-88 are Ampere)
+    for floor, name in ((110, "sm12x"), (100, "blackwell"), (90, "hopper"), (89, "ada"), (80, "ampere")):
+        if sm >= floor:
+            return ARCHS[name]
     raise UnsupportedGpu(
         f"compute capability {cc} is older than Ampere (8.0); the vLLM images nemofleet "
         "deploys need sm80 or newer"

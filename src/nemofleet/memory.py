@@ -206,11 +206,8 @@ def block_bytes(model, mamba_seq: int) -> int:
     sequence's state. Without the Mamba layer count (the catalog does not know it; the checkpoint's
     hybrid_override_pattern gives it once the weights are on the host) the block cannot be sized,
     and the check is left to vLLM rather than refusing what it may accept (0: no check)."""
-    if not mamba_seq:
-        return 0
-    layers = getattr(model, "mamba_layers", 0) or 0
-    attn = model.attention_layers
-    if not layers:
+    layers, attn = model.mamba_layers, model.attention_layers
+    if not mamba_seq or not layers:
         return 0
     if not attn:
         return mamba_seq

@@ -229,57 +229,45 @@ def _bad(why: str):
     raise UnknownModel(why)
 
 
-def _int(minimum: int, maximum: int = vt.INT_MAX):
+def _checked(problem):
+    """The type of a valuetypes *_problem function: its sentence's tail refuses the value."""
     def parse(v):
-        why = vt.int_problem(v, minimum, maximum)
+        why = problem(v)
         return v if why is None else _bad(why)
     return parse
+
+
+def _optional(parse):
+    """`parse`, or None for None."""
+    return lambda v: None if v is None else parse(v)
+
+
+def _int(minimum: int, maximum: int = vt.INT_MAX):
+    return _checked(lambda v: vt.int_problem(v, minimum, maximum))
 
 
 def _number(minimum: float, maximum: float):
-    def parse(v):
-        why = vt.number_problem(v, minimum, maximum)
-        return v if why is None else _bad(why)
-    return parse
+    return _checked(lambda v: vt.number_problem(v, minimum, maximum))
 
 
-def _text(pattern: str, what: str, optional: bool = False):
-    def parse(v):
-        if v is None and optional:
-            return None
-        if not isinstance(v, str) or not re.fullmatch(pattern, v):
-            _bad(f"{v!r} is not {what}")
-        return v
-    return parse
+def _text(pattern: str, what: str):
+    return _checked(lambda v: None if isinstance(v, str) and re.fullmatch(pattern, v) else f"{v!r} is not {what}")
 
 
-def _choice(choices: tuple, optional: bool = False):
-    def parse(v):
-        if v is None and optional:
-            return None
-        if v not in choices or not isinstance(v, str):
-            _bad(f"{v!r} is not one of {', '.join(choices)}")
-        return v
-    return parse
+def _choice(choices: tuple):
+    return _checked(lambda v: None if isinstance(v, str) and v in choices else f"{v!r} is not one of {', '.join(choices)}")
 
 
 def _bool(v):
     return v if isinstance(v, bool) else _bad(f"must be true or false, not {v!r}")
 
 
-def _repo(v):
-    why = vt.repo_problem(v)
-    return v if why is None else _bad(why)
+_repo = _checked(vt.repo_problem)
+_revision = _checked(vt.revision_problem)
 
 
-def _revision(v):
-    why = vt.revision_problem(v)
-    return v if why is None else _bad(why)
-
-
+@_optional
 def _plugin(v):
-    if v is None:
-        return None
     if vt.file_name_problem(v) or not v.endswith(".py"):
         _bad(f"{v!r} is not the name of a .py file in the model directory")
     return v
@@ -315,9 +303,8 @@ def _drafts(v):
     return out
 
 
+@_optional
 def _limits(v):
-    if v is None:
-        return None
     if not isinstance(v, dict) or not all(isinstance(k, str) and re.fullmatch(r"[a-z][a-z_]{0,31}", k)
                                           and vt.int_problem(n, 0, 1024) is None for k, n in v.items()):
         _bad(f"{v!r} must map a modality (image, video, audio) to a count from 0 to 1024")
@@ -340,13 +327,13 @@ FIELD_TYPES = {
     "mamba_state_bytes_fp32": _int(0, 10**12),
     "active_params": _int(0, 10**14),
     "family": _text(r"[a-z0-9][a-z0-9-]{0,31}", "a recipe family (lightning, nano, super-vl, generic)"),
-    "variant": _text(_NAME, "a catalog key", optional=True),
+    "variant": _optional(_text(_NAME, "a catalog key")),
     "tp_policy": _choice(("smallest", "largest")),
     "moe": _bool,
     "hybrid": _bool,
-    "reasoning_parser": _text(r"[a-z0-9_]{1,64}", "a vLLM reasoning parser name", optional=True),
+    "reasoning_parser": _optional(_text(r"[a-z0-9_]{1,64}", "a vLLM reasoning parser name")),
     "reasoning_parser_plugin": _plugin,
-    "tool_call_parser": _text(r"[a-z0-9_]{1,64}", "a vLLM tool call parser name", optional=True),
+    "tool_call_parser": _optional(_text(r"[a-z0-9_]{1,64}", "a vLLM tool call parser name")),
     "speculative": _tuple_of(SPEC_METHODS),
     "drafts": _drafts,
     "default_spec_tokens": _int(1, 16),
@@ -355,7 +342,7 @@ FIELD_TYPES = {
     "min_total_bytes": _int(0, 10**15),
     "trust_remote_code": _bool,
     "default_context": _int(1, 2**27),
-    "default_speculative": _choice(SPEC_METHODS + ("none",), optional=True),
+    "default_speculative": _optional(_choice(SPEC_METHODS + ("none",))),
     "draft_bytes": _int(0, 10**14),
     "reserve_fraction": _number(0.0, 1.0),
     "safe_line_bytes": _int(0, 10**15),

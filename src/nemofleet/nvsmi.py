@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 
 from .gpu_classes import UNIFIED  # noqa: F401  (the boards whose memory is the system's)
-from .valuetypes import Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+from .valuetypes import _CONTROL, Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
               "pci.bus_id", "mig.mode.current", "persistence_mode")
@@ -39,7 +37,6 @@ COUNTS = ("ecc.errors.uncorrected.volatile.total", "ecc.errors.uncorrected.aggre
 YES_NO = ("retired_pages.pending", "remapped_rows.pending", "remapped_rows.failure")
 ACTIVE = ("clocks_event_reasons.hw_slowdown", "clocks_event_reasons.hw_thermal_slowdown",
           "clocks_event_reasons.hw_power_brake_slowdown", "clocks_event_reasons.sw_thermal_slowdown")
-TEXT = ("ecc.mode.current", "fabric.state", "fabric.status", "gpu_recovery_action", "persistence_mode")
 HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile.total",
                             "ecc.errors.uncorrected.aggregate.total", "retired_pages.pending",
                             "remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending",
@@ -51,8 +48,6 @@ HEALTH_FIELDS = IDENTITY + ("ecc.mode.current", "ecc.errors.uncorrected.volatile
 # "[Unknown Error]" read as "MIG off" would plan whole-GPU instances on a MIG GPU)
 NUMBERS = COUNTS + ("index", "memory.total")
 MIG_MODES = ("Enabled", "Disabled")
-# boards whose GPU shares the system memory and prints memory.total as [N/A]: DGX Spark (GB10) and
-# Jetson Thor (docs/recipes.md#unified-memory); no other GPU may be sized from MemTotal
 
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 LOST = "[GPU is lost]"  # NVML_ERROR_GPU_IS_LOST, as nvidia-smi prints it (docs/gpu-health.md)

@@ -110,7 +110,7 @@ def run_words(plan: Plan, inst: Instance, nets: list[tuple[str, str]], connect_a
         # listens on bind_address:port_base itself (docs/recipes.md#multi-node)
         w += ["--ipc=host", "--shm-size=16g", "--network=host"]
     else:
-        w += ["--ipc=host", "--shm-size=16g", "-p", f"{_bracketed(plan.bind_address)}:{inst.host_port}:{CONTAINER_PORT}"]
+        w += ["--ipc=host", "--shm-size=16g", "-p", f"{url_host(plan.bind_address)}:{inst.host_port}:{CONTAINER_PORT}"]
     if nets and not inst.group:
         if legacy_networks:  # Docker < 25: one --network at create time, the rest connected after
             w += [f"--network={nets[0][0]}", f"--network-alias={nets[0][1]}"]
@@ -158,17 +158,14 @@ def join_wait(address: str, port: int, timeout: int) -> list[str]:
             str(address), str(int(port))]
 
 
-def _bracketed(address: str) -> str:
+def url_host(address: str) -> str:
     """An IPv6 address in brackets, as `docker run -p` and URLs need it."""
     return f"[{address}]" if ":" in address else address
 
 
-url_host = _bracketed
-
-
 def probe_address(plan: Plan) -> str:
     """Where checks on the host reach the published ports (as it goes in a URL)."""
-    return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else _bracketed(plan.bind_address)
+    return "127.0.0.1" if plan.bind_address in ("0.0.0.0", "::", "127.0.0.1") else url_host(plan.bind_address)
 
 
 def health_program() -> str:
@@ -214,10 +211,10 @@ def front_door_binds(s, bridge: str | None) -> list[str]:
     port = s.front_door_port
     extra = s.front_door_address or bridge
     if extra in ("0.0.0.0", "::"):  # every address, loopback included
-        return [f"{_bracketed(extra)}:{port}"]
+        return [f"{url_host(extra)}:{port}"]
     binds = [f"127.0.0.1:{port}"]
     if extra and extra not in ("127.0.0.1",):
-        binds.append(f"{_bracketed(extra)}:{port}")
+        binds.append(f"{url_host(extra)}:{port}")
     return binds
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -105,8 +106,9 @@ class VllmVersion:
     tool_parsers: frozenset[str]
 
 
-def _table(extra: list[Flag]) -> dict[str, Flag]:
-    return {f.name: f for f in _COMMON + extra}
+def _table(extra: list[Flag], drop: tuple[str, ...] = ()) -> dict[str, Flag]:
+    """_COMMON less `drop`, with `extra` (a flag of a name _COMMON has replaces it in its place)."""
+    return {f.name: f for f in _COMMON + extra if f.name not in drop}
 
 
 _REASONING = frozenset({"nemotron_v3", "deepseek_r1", "qwen3", "granite", "openai_gptoss"})
@@ -116,24 +118,13 @@ _TOOLS = frozenset({"qwen3_coder", "hermes", "llama3_json", "mistral", "openai",
 # (make_arg_parser in vllm.entrypoints.launchers.cli_args; `make test-real-vllm` re-checks it):
 # no --disable-log-requests, prefix caching is --enable-prefix-caching/--no-enable-prefix-caching,
 # --mamba-cache-mode takes align|none, and these backend/dtype choices.
-_MOE_032 = ("aiter", "aiter_mega_moe", "aiter_triton_mxfp4_bf16", "auto", "b12x", "batched_triton", "cutlass",
-            "deep_gemm", "deep_gemm_mega_moe", "emulation", "flashinfer_b12x", "flashinfer_cutedsl",
-            "flashinfer_cutlass", "flashinfer_moe_ep_cutedsl", "flashinfer_moe_ep_mega_deep_gemm",
-            "flashinfer_trtllm", "flydsl", "hpc", "humming", "marlin", "rdna3", "triton", "triton_unfused")
+# its MoE backends: the later list but aiter_triton_mxfp4_mxfp4, in the parser's (sorted) order
+_MOE_032 = tuple(sorted(set(MOE_BACKENDS) - {"aiter_triton_mxfp4_mxfp4"}))
 _KV_032 = ("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
            "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
            "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4",
            "ultraquant_4bit")
 
-
-def _table_032() -> dict[str, Flag]:
-    t = {f.name: f for f in _COMMON if f.name not in ("--disable-log-requests", "--disable-prefix-caching")}
-    t["--moe-backend"] = Flag("--moe-backend", "choice", _MOE_032)
-    t["--kv-cache-dtype"] = Flag("--kv-cache-dtype", "choice", _KV_032)
-    t["--no-enable-prefix-caching"] = Flag("--no-enable-prefix-caching", "bool")
-    t["--mamba-cache-mode"] = Flag("--mamba-cache-mode", "choice", ("align", "none"))
-    t["--device-ids"] = Flag("--device-ids", "str")
-    return t
 
 def _table_033() -> dict[str, Flag]:
     return _table([
@@ -156,7 +147,13 @@ VERSIONS: dict[str, VllmVersion] = {
     ),
     # Parsed by the real 0.32.0 parser; CUDA 13.0: vLLM's images are CUDA 13.0 after v0.20.0
     # (vllm-project/vllm#42738) -- an image's own NVIDIA_REQUIRE_CUDA overrides this when it is on the host.
-    "0.32.0": VllmVersion("0.32.0", "13.0", _table_032(), _REASONING, _TOOLS),
+    "0.32.0": VllmVersion("0.32.0", "13.0", _table([
+        Flag("--moe-backend", "choice", _MOE_032),
+        Flag("--kv-cache-dtype", "choice", _KV_032),
+        Flag("--no-enable-prefix-caching", "bool"),
+        Flag("--mamba-cache-mode", "choice", ("align", "none")),
+        Flag("--device-ids", "str"),
+    ], drop=("--disable-log-requests", "--disable-prefix-caching")), _REASONING, _TOOLS),
     # vLLM 0.33 engine args: --mamba-cache-mode is deprecated and has no effect (derived from
     # prefix caching), 'all' is gone; images are CUDA 13.0.
     "0.33.0": VllmVersion("0.33.0", "13.0", _table_033(), _REASONING, _TOOLS),
@@ -328,17 +325,11 @@ CODE_FLAGS = ("--middleware", "--logits-processors", "--worker-extension-cls", "
 LISTEN_FLAGS = ("--host", "--port", "--uds")
 
 
+@functools.cache
 def accepted(version: str) -> dict | None:
     """The generated table of `version` ({"flags": {name: row}, ...}), or None when none is committed."""
     path = DATA / f"vllm_args_{version}.json"
-    if not path.is_file():
-        return None
-    if version not in _ACCEPTED:
-        _ACCEPTED[version] = json.loads(path.read_text())
-    return _ACCEPTED[version]
-
-
-_ACCEPTED: dict[str, dict] = {}
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def refused_class(name: str) -> str | None:

@@ -14,18 +14,26 @@ host alone (any other exception would abort the run for every host).
 
 from __future__ import annotations
 
+import copy
+
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from ..factmodel import Facts
 from ..valuetypes import Unreadable, shown
 
 
 # the HostFacts parts, {part: (fact class, its arguments)}, as the facts declare them
 PARTS: dict[str, tuple[type, dict]] = {}
+# each part's value when its host printed nothing: its factmodel.Facts default, as JSON (lists)
+DEFAULTS = Facts().model_dump(mode="json")
 
 
 class Fact(FactBase):
     """A nemofleet fact: `parse(lines)` reads the host's output (pyinfra's `process` is Fact's)."""
+
+    part: str | None = None  # the HostFacts part it is (`part=`)
+    empty: object = None  # the value of a fact of no part when its host printed nothing
 
     def __init_subclass__(cls, part: str | None = None, reads: dict | None = None, **kwargs):
         """`class X(Fact, part="gpus", reads={...})`: X is the HostFacts part `gpus` (a field of
@@ -34,9 +42,15 @@ class Fact(FactBase):
         super().__init_subclass__(**kwargs)
         if part is not None:
             PARTS[part] = (cls, reads or {})
+            cls.part = part
         if "process" in vars(cls):
             raise TypeError(f"{cls.__name__} defines process(): a nemofleet fact defines parse(), and "
                             "Fact.process reads it (facts/__init__.py)")
+
+    def default(self):  # type: ignore[override]
+        """pyinfra's value for no output: a part's factmodel.Facts default (declared once, there),
+        else the fact's `empty`."""
+        return copy.deepcopy(DEFAULTS[self.part] if self.part else self.empty)
 
     def parse(self, output: list[str]):
         """The value of what the host printed (pyinfra's own: the text)."""

@@ -30,18 +30,13 @@ class DockerInfo(EngineFact, part="docker"):
     def requests(self):
         return [engine.request("info", "/info")]
 
-    @staticmethod
-    def default():
-        return {"installed": False, "running": False, "server": None, "cgroup_driver": None,
-                "cgroup_version": None, "default_runtime": None, "runtimes": []}
-
     def parse(self, output):
         out = self.default()
         out["installed"] = "installed=1" in [x.strip() for x in output]
         if not out["installed"]:
             return out  # no docker CLI: nothing else to read (the engine, if any, is not one nemofleet can drive)
         try:
-            status, body = engine.answer(engine.answers(output), "info")
+            status, body = engine.answers(output).get("info") or ("down", None)  # "down": the read has no answer to it
         except Unreadable as exc:
             raise Unreadable(str(exc), out) from None
         if status == "timeout":
@@ -77,10 +72,6 @@ class DaemonJson(Fact, part="daemon_json", reads={"path": "/etc/docker/daemon.js
         return (f"if [ -f {q} ]; then echo '{self.FILE}'; cat {q}; echo; "
                 f"elif [ -e {q} ] || [ -L {q} ]; then echo '{self.NOT_A_FILE}'; else echo '{ABSENT}'; fi")
 
-    @staticmethod
-    def default():
-        return {"exists": True, "text": "", "data": None, "error": "daemon.json is empty"}
-
     def parse(self, output):
         head, text = output[0].strip(), "\n".join(output[1:])
         if head == ABSENT:
@@ -110,11 +101,10 @@ class ImageInfo(EngineFact, part="image", reads={"ref": "image"}):
 
     def parse(self, output):
         """process(): None (absent) on a timeout too: the image op then pulls, itself bounded."""
-        found = engine.answers(output)
-        keys = engine.keyed(found, "image")
+        keys = engine.keyed(output, "image")
         if not keys:
             return None
-        status, body = engine.answer(found, keys[0][1])
+        _, status, body = keys[0]
         if status == "timeout":
             raise Unreadable(f"docker image inspect did not answer within {engine.ENGINE_TIMEOUT} s (dockerd hung?)")
         if status != 200 or not isinstance(body, dict) or not isinstance(body.get("Id"), str):
@@ -132,10 +122,6 @@ class HostAddresses(Fact, part="addresses"):
 
     def command(self) -> str:
         return "ip -o addr show 2>/dev/null | awk '{print $2, $4}'"
-
-    @staticmethod
-    def default():
-        return {}
 
     def parse(self, output):
         out: dict = {}
@@ -156,15 +142,11 @@ class Networks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("network", n), engine.named("networks", n)) for n in names]
 
-    @staticmethod
-    def default():
-        return {}
+    empty: dict = {}
 
     def parse(self, output):
-        found = engine.answers(output)
         out = {}
-        for name, key in engine.keyed(found, "network"):
-            status, body = engine.answer(found, key)
+        for name, status, body in engine.keyed(output, "network"):
             out[name] = status == 200 and isinstance(body, dict) and body.get("Name") == name
         return out
 
@@ -179,15 +161,11 @@ class ContainerNetworks(EngineFact):
     def requests(self, names: tuple[str, ...]):
         return [engine.request(engine.key("container", n), engine.named("containers", n, "/json")) for n in names]
 
-    @staticmethod
-    def default():
-        return {}
+    empty: dict = {}
 
     def parse(self, output):
-        found = engine.answers(output)
         out: dict[str, dict | None] = {}
-        for name, key in engine.keyed(found, "container"):
-            status, body = engine.answer(found, key)
+        for name, status, body in engine.keyed(output, "container"):
             if status != 200 or not isinstance(body, dict) or body.get("Name") != f"/{name}":
                 out[name] = None  # not there (404), or the engine could not tell
                 continue

@@ -26,7 +26,7 @@ from urllib.parse import quote as url_quote, unquote as url_unquote
 
 from .. import remote, shell
 from . import Fact
-from .gpu import TIMED_OUT, Unreadable
+from ..nvsmi import TIMED_OUT, Unreadable
 from ..valuetypes import host_json, host_number
 
 MARK = "@@engine "
@@ -67,9 +67,10 @@ def key(kind: str, name: str) -> str:
     return f"{kind}:{_quoted(name)}"
 
 
-def keyed(found: dict, kind: str) -> list[tuple[str, str]]:
-    """[(name, key)] of the answers of one kind, the names as the fact was asked for them."""
-    return [(url_unquote(k[len(kind) + 1:]), k) for k in found if k.startswith(f"{kind}:")]
+def keyed(output, kind: str) -> list[tuple[str, Any, Any]]:
+    """[(name, status, body)] of a read's answers of one kind (`answers`), the names as the fact
+    was asked for them."""
+    return [(url_unquote(k[len(kind) + 1:]), *v) for k, v in answers(output).items() if k.startswith(f"{kind}:")]
 
 
 def read_command(requests) -> str:
@@ -86,10 +87,6 @@ def read_command(requests) -> str:
             f"else echo '{MARK}error python3'; fi")
 
 
-def is_answer(line: str) -> bool:
-    return line.startswith(MARK)
-
-
 def answers(output) -> dict:
     """{key: (status, body)} from a read's lines (other lines are ignored); status is an int for
     an HTTP status, else "down", "timeout" or "garbled"; body is the parsed JSON of an HTTP
@@ -98,7 +95,7 @@ def answers(output) -> dict:
     found: dict = {}
     saw = False
     for line in output:
-        if not is_answer(line):
+        if not line.startswith(MARK):
             continue
         saw = True
         status, _, rest = line[len(MARK):].partition(" ")
@@ -121,11 +118,6 @@ def answers(output) -> dict:
     if not saw:
         raise Unreadable("the Docker engine read printed nothing")
     return found
-
-
-def answer(found: dict, key: str) -> tuple[object, object]:
-    """(status, body) of one request; ("down", None) when the read did not make it."""
-    return found.get(key) or ("down", None)
 
 
 class EngineFact(Fact):

@@ -21,11 +21,6 @@ from ..nvsmi import (  # noqa: F401  (the names the facts and their tests use)
 from ..valuetypes import host_number, shown
 
 
-def _rc_split(lines: list[str]) -> tuple[list[str], int | None]:
-    rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
-    return (lines[:-1], rc) if rc is not None else (lines, None)
-
-
 def _gpu_row(n: int, row: list[str], memtotal_kb: int | None, rows: int) -> dict:
     """The `n`th --query-gpu row of `rows`, each field typed as nvidia-smi prints it (nvsmi.typed);
     Unreadable naming the GPU (its index, else the row) and quoting the row otherwise.
@@ -66,17 +61,6 @@ def _csv_row(line: str) -> list[str]:
         return [line]
 
 
-def _memtotal(lines: list[str]) -> tuple[list[str], int | None]:
-    """(the other lines, MemTotal in kB or None): the MEMTOTAL_KB= line typed at the edge."""
-    rest, kb = [], None
-    for line in lines:
-        if line.startswith(MEMTOTAL):
-            kb = host_number(line[len(MEMTOTAL):], 1, 2**50)
-        else:
-            rest.append(line)
-    return rest, kb
-
-
 class NvidiaGpus(Fact, part="gpus"):
     """GPUs from `nvidia-smi --query-gpu`: {"smi", "rc", "error", "driver", "gpus": [...]}.
 
@@ -94,17 +78,16 @@ class NvidiaGpus(Fact, part="gpus"):
                 f"timeout {SMI_TIMEOUT} nvidia-smi --query-gpu={','.join(GPU_FIELDS)} "
                 '--format=csv,noheader,nounits 2>&1; echo "RC=$?"')
 
-    @staticmethod
-    def default():
-        return {"smi": False, "rc": None, "error": "nvidia-smi not found", "driver": None, "gpus": []}
-
-
     def parse(self, output):
         lines = [line for line in output if line.strip()]
         if lines[:1] == ["NOCMD"]:
             return self.default()
-        lines, memtotal_kb = _memtotal(lines)
-        lines, rc = _rc_split(lines)
+        # the MEMTOTAL_KB= line (MemTotal in kB) typed at the edge
+        memtotal = [host_number(ln[len(MEMTOTAL):], 1, 2**50) for ln in lines if ln.startswith(MEMTOTAL)]
+        memtotal_kb = memtotal[-1] if memtotal else None
+        lines = [ln for ln in lines if not ln.startswith(MEMTOTAL)]
+        rc = host_number(lines[-1][3:], 0, 255) if lines and lines[-1].startswith("RC=") else None
+        lines = lines[:-1] if rc is not None else lines
         if rc == TIMED_OUT:
             sentence = f"nvidia-smi did not answer within {SMI_TIMEOUT} s (hung driver?)"
             raise Unreadable(sentence, {"smi": True, "rc": rc, "error": sentence, "driver": None, "gpus": []})
@@ -156,11 +139,6 @@ class ContainerToolkit(Fact, part="toolkit"):
                 "command -v nvidia-container-runtime >/dev/null 2>&1 && echo runtime=1; "
                 "for f in /etc/cdi/nvidia.yaml /var/run/cdi/nvidia.yaml; do [ -s $f ] && echo cdi=$f; done; "
                 "echo cdi_refresh=$(systemctl is-enabled nvidia-cdi-refresh.path 2>/dev/null); true")
-
-    @staticmethod
-    def default():
-        return {"version": None, "hook": False, "runtime": False, "cdi_specs": [], "cdi_refresh": False}
-
 
     def parse(self, output):
         out = self.default()

@@ -53,15 +53,14 @@ class GpuHealth(Fact, part="health"):
                 "| sed -n 's/.*[Vv]ersion is *: *//p' | head -n 1)\"; "
                 "echo \"FM_ACTIVE=$(timeout 5 systemctl is-active nvidia-fabricmanager 2>/dev/null)\"; true")
 
-    @staticmethod
-    def default():
-        return {"gpus": [], "refused_fields": [], "xids": [], "boot_time": None, "resets": {},
-                "fabric_manager": {"version": None, "active": None}, "drained": {}, "error": None}
-
-
     def parse(self, output):
         out = self.default()
-        smi, q, rc = [], [], None
+        smi: list[str] = []
+        q: list[str] = []
+        rc = None
+        # "TAG:value" lines: nvidia-smi's query, `nvidia-smi -q`'s recovery actions, Xid lines, resets, drained GPUs
+        tagged = {"SMI": smi.append, "Q": q.append, "XID": lambda v: _xid(v, out), "RESET": lambda v: _reset(v, out),
+                  "DRAINED": lambda v: _drained(v, out)}
         for raw in output:
             line = raw.rstrip("\n")
             key, sep, value = line.partition(":")
@@ -80,16 +79,8 @@ class GpuHealth(Fact, part="health"):
                 out["fabric_manager"]["version"] = line[len("FM_VERSION="):].strip() or None
             elif line.startswith("FM_ACTIVE="):
                 out["fabric_manager"]["active"] = line[len("FM_ACTIVE="):].strip() or None
-            elif sep and key == "SMI":
-                smi.append(value)
-            elif sep and key == "Q":
-                q.append(value)
-            elif sep and key == "XID":
-                _xid(value, out)
-            elif sep and key == "RESET":
-                _reset(value, out)
-            elif sep and key == "DRAINED":
-                _drained(value, out)
+            elif sep and key in tagged:
+                tagged[key](value)
         if rc == TIMED_OUT:
             out["error"] = f"nvidia-smi did not answer the health query within {SMI_TIMEOUT} s (hung driver?)"
             raise Unreadable(out["error"], out)

@@ -15,7 +15,7 @@ from . import docker, weights  # noqa: F401  (imported for the parts their facts
 from ..lock import fact as _lock_fact  # noqa: F401  (the lock's part: its fact lives in the lock package)
 from .gpu import TIMED_OUT
 from .gpuhealth import SMI_HUNG
-from . import engine, schema
+from . import engine
 from .schema import part_problem
 
 
@@ -35,10 +35,6 @@ class OsRelease(Fact, part="os"):
 
     def command(self) -> str:
         return "cat /etc/os-release 2>/dev/null || true"
-
-    @staticmethod
-    def default():
-        return {}
 
     def parse(self, output):
         return {key: value.strip('"') for key, value in key_values(output).items()}
@@ -86,10 +82,6 @@ class RdmaDevices(Fact, part="rdma"):
 
     def command(self) -> str:
         return "ls /sys/class/infiniband 2>/dev/null || true"
-
-    @staticmethod
-    def default():
-        return []
 
     def parse(self, output):
         return sorted(w for line in output for w in line.split() if w)
@@ -185,13 +177,10 @@ def facts_file_problem(host: str, facts) -> str | None:
     types (facts/schema.py), None when it is."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
-    for key in HostFacts.PARTS:
+    for key in (*HostFacts.PARTS, "errors"):
         why = part_problem(key, facts[key]) if key in facts else None
         if why:
             return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
-    why = schema.part_problem("errors", facts.get("errors", {}))
-    if why:
-        return f"the facts file's entry for {host} is not what HostFacts writes: {why}"
     # the release, GPU-access record, lock and addresses only matter to a deploy, never to a plan;
     # a facts file written before the health part existed plans as if every GPU were healthy
     missing = [k for k in HostFacts.PARTS

@@ -15,9 +15,7 @@ class AptPackages(Fact):
         return (f"dpkg-query -W -f='pkg ${{Package}} ${{Version}} ${{db:Status-Abbrev}}\\n' {q} 2>/dev/null; "
                 f"apt-mark showhold {q} 2>/dev/null | sed 's/^/held /'; true")
 
-    @staticmethod
-    def default():
-        return {}
+    empty: dict = {}
 
     def parse(self, output):
         out: dict = {}

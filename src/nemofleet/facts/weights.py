@@ -22,10 +22,7 @@ CHECK_SCRIPT = remote.source("weights_check")
 
 # Bounded like every remote command: the check stats the files (a hung NFS models root must not
 # hang the run); `full` hashes every shard (232 GB at a slow disk's 100 MB/s is ~40 min).
-CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600}
-
-
-CHECK_TIMEOUT["clean"] = CHECK_TIMEOUT["check"]
+CHECK_TIMEOUT = {"check": 600, "write": 600, "full": 4 * 3600, "clean": 600}
 
 
 def check_command(directory: str, revision: str, mode: str) -> str:
@@ -60,10 +57,6 @@ class ModelsOnDisk(Fact, part="models", reads={"root": "models_root"}):
         # -I -S: the stdlib only (json, os, sys), without the site module and its .pth scan, which
         # is a third of a python start's CPU on every converged host's no-op
         return shell.join(["timeout", 60, *remote.argv("models_on_disk", root)]) + " 2>/dev/null || echo '{}'"
-
-    @staticmethod
-    def default():
-        return {}
 
     def parse(self, output):
         try:
@@ -102,9 +95,7 @@ class HubCommit(Fact):
                                                                         paths.HF_ENV, HUB_COMMIT_TIMEOUT - 5)])
                 + f" 2>/dev/null || echo '{{\"error\": \"the Hub query did not finish within {HUB_COMMIT_TIMEOUT} s\"}}'")
 
-    @staticmethod
-    def default():  # no output at all (pyinfra's value for it too)
-        return {"error": "no answer from the Hub query"}
+    empty: dict = {"error": "no answer from the Hub query"}  # no output at all (pyinfra's value for it too)
 
     def parse(self, output):
         for line in reversed(output):
