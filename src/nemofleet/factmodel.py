@@ -31,7 +31,7 @@ import pydantic
 from .dockerconf import host_file_problem
 from .nvsmi import HEALTH_FIELDS, MIG_MODES, UNIFIED, XID_BUS, Unreadable, bus_key, typed
 from .valuetypes import (INT_MAX, UNIX_MAX, bus_id_problem, fact_ip_problem, gpu_uuid_problem, interface_problem,  # noqa: F401
-                         _CONTROL, is_number, shown)
+                         CONTROL, is_number, shown)
 
 MAX_TEXT = 4096  # the longest one-line fact value (an os-release line, a version, an image env value)
 MAX_FILE = 1 << 20  # the longest text a fact carries whole (daemon.json as read: docs/reference.md bounds it)
@@ -116,7 +116,7 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
                 return f"{where} has a key {shown(k)} that is not a string"
             if keys is not None and keys(k):
                 return f"{where} has a key {keys(k)}"
-            if len(k) > MAX_TEXT or _CONTROL.search(k):
+            if len(k) > MAX_TEXT or CONTROL.search(k):
                 return f"{where} has a key {shown(k)} with a control character or of more than {MAX_TEXT} characters"
             why = _problem(v, args[1], f"{where}[{shown(k)}]")
             if why:
@@ -128,7 +128,7 @@ def _problem(value, tp, where: str, metadata=()) -> str | None:
         return _problem(value, int, where, (Int(-INT_MAX, INT_MAX),))
     if isinstance(value, bool) and tp is not bool or not isinstance(value, tp):
         return f"{where} is {shown(value)}, not {_NAMES.get(tp, getattr(tp, '__name__', tp))}"
-    if tp is str and (len(value) > MAX_TEXT or _CONTROL.search(value)):
+    if tp is str and (len(value) > MAX_TEXT or CONTROL.search(value)):
         return (f"{where} is {shown(value)}, not one line of at most {MAX_TEXT} printable characters "
                 "(a line break or another control character, or too long)")
     return None

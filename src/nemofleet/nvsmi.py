@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .gpu_classes import UNIFIED  # noqa: F401  (the boards whose memory is the system's)
-from .valuetypes import _CONTROL, Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
+from .valuetypes import CONTROL, Unreadable, host_number, shown  # noqa: F401  (Unreadable: the facts' name for it)
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.total", "driver_version", "compute_cap",
               "pci.bus_id", "mig.mode.current", "persistence_mode")
@@ -100,7 +100,7 @@ def typed(name: str, value, where: str = ""):
     elif name == "mig.mode.current":
         if text in MIG_MODES:
             return text
-    elif not (text.startswith("[") and text.endswith("]")) and len(text) <= 200 and not _CONTROL.search(text):
+    elif not (text.startswith("[") and text.endswith("]")) and len(text) <= 200 and not CONTROL.search(text):
         return text
     raise Unreadable(f"nvidia-smi printed {shown(text)} for {name}{where}, which nemofleet cannot read; "
                      "run nvidia-smi -q on the host")
