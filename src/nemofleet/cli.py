@@ -245,7 +245,7 @@ def _tiny_checkpoint(facts, plan: dict | None) -> str | None:
 
     if not plan:
         return None
-    # the directory planning.checkpoint_meta reads: this commit's, else any of the same repo
+    # the directory desired.checkpoint_meta reads: this commit's, else any of the same repo
     repo = local_dir_name(plan["repo"])
     dirs = [host_dir_name(plan["repo"], plan["revision"])] + sorted(
         n for n in facts.models if n.split("@", 1)[0] == repo)

@@ -21,11 +21,12 @@ from . import paths, render, shell, versions
 from . import preflight as checks
 from . import settings as settings_mod
 from . import hostcmd as fleet_commands
-from . import planning
+from . import multinode
+from . import plan as host_plan
 from .inputs import GATEWAY_GROUP, SECRET_KEYS, HostInputs, make  # noqa: F401
 from .gpuaccess import effective_cgroup_driver
 from .factmodel import Facts, ModelDir
-from .plan_types import Plan
+from .plan_types import Plan, PlanError
 from .secret import SshPublicKey, reveal
 from . import valuetypes as vt
 from .valuetypes import Refusal
@@ -364,11 +365,54 @@ def _plan(i: HostInputs) -> tuple[Plan | None, list[str], list[str]]:
     if why:
         return None, [why], []
     try:
-        p = planning.for_host(i.name, facts, s, i.group_facts)
-    except planning.PlanError as exc:
+        p = for_host(i.name, facts, s, i.group_facts)
+    except PlanError as exc:
         return None, [Refusal(str(exc), "plan")], []
     refused, warned = checks.after_plan(facts, s, p)
     return p, refused, list(p.warnings) + warned
+
+
+def for_host(host: str, facts: Facts, s: settings_mod.Settings, group_facts: dict | None = None) -> Plan:
+    """The plan for a host from its Facts and Settings: a single host's (plan.make_plan) or a serving
+    group member's (multinode.make_group_plan); `group_facts`: {member: Facts | PeerMissing} of its
+    whole serving group (this host included) when it is in one. Raises PlanError."""
+    docker, tk = facts.docker, facts.toolkit
+    make = multinode.make_group_plan if s.serving_group else host_plan.make_plan
+    kw = {"peers": group_facts} if s.serving_group else {}
+    gpus = host_plan.gpus_from_facts(facts.gpus.gpus)
+    try:
+        return make(
+            host, gpus, s,
+            # a CDI spec exists, or the toolkit can generate one (the host configuration does)
+            docker_version=docker.server,
+            cdi_available=bool(tk.cdi_specs) or versions.parse(tk.version) >= versions.MIN_TOOLKIT,
+            cgroup_version=facts.cgroup, cgroup_driver=docker.cgroup_driver,
+            local_meta=checkpoint_meta(facts, s), health=facts.health, **kw,
+        )
+    except PlanError as exc:
+        # a refusal counts whole GPUs only: name the ones MIG kept out, or "3x A100" on a 4-GPU
+        # host reads as a wrong fact (the MIG warning goes with the plan that was not made)
+        mig = [g for g in gpus if g.mig == "Enabled"]
+        text = str(exc)
+        if mig and "MIG" not in text:
+            which = ", ".join(str(g.index) for g in mig)
+            raise PlanError(
+                f"{text} (GPU {which} {'has' if len(mig) == 1 else 'have'} MIG enabled and {'is' if len(mig) == 1 else 'are'} "
+                f"not counted: vLLM needs whole GPUs; nvidia-smi -i {mig[0].index} -mig 0 and a GPU reset give "
+                f"{'it' if len(mig) == 1 else 'them'} back)") from None
+        raise
+
+
+def checkpoint_meta(facts: Facts, s: settings_mod.Settings) -> ModelDir | None:
+    """What the checkpoint on the host says of itself (config.json, index), for this commit's
+    directory or, before it exists, any directory of the same repo."""
+    models = facts.models
+    model = s.model
+    same = models.get(catalog.host_dir_name(model.repo, model.revision))
+    if same:
+        return same
+    repo = catalog.local_dir_name(model.repo)
+    return next((meta for name, meta in sorted(models.items()) if name.split("@", 1)[0] == repo), None)
 
 
 def host_configuration(s: settings_mod.Settings, p: Plan | None, facts: Facts) -> tuple[dict, dict, list[str]]:

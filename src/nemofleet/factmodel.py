@@ -2,7 +2,7 @@
 
 A host's facts arrive as JSON-shaped data (HostFacts' output, a facts file, a serving group
 member's facts). They are parsed here, once, at the edge (inputs.make, the one gatherer) into a
-frozen `Facts`; after that the decision (desired, planning, preflight, gpuhealth, multinode) reads
+frozen `Facts`; after that the decision (desired, preflight, gpuhealth, multinode, plan) reads
 attributes of typed objects and never a raw value. A part that is not of its type refuses that
 host alone, in one sentence naming the place (`part_problem`): never a traceback, never another
 host.

@@ -92,7 +92,7 @@ def group_cases():
                 for mode in ("pp", "tp", "dp"):
                     for m in members[:2]:  # the head and one worker (the others differ by rank only)
                         try:
-                            # a group member is planned by multinode.make_group_plan (planning.for_host)
+                            # a group member is planned by multinode.make_group_plan (desired.for_host)
                             p = make_group_plan(m, gpus, {"model": key, "vllm_image": f"vllm/vllm-openai:v{VERSION}",
                                                           "serving_group": "g", "serving_group_members": members,
                                                           "serving_group_parallel": mode}, peers=peers)

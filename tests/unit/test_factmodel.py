@@ -110,7 +110,7 @@ def test_the_parts_a_facts_file_must_hold_are_the_models_own():
 
 
 # the decision layer: after the edge it reads typed facts by attribute
-DECISION = ("desired", "planning", "preflight", "multinode", "gpuhealth", "layout", "plan", "models", "plan_types",
+DECISION = ("desired", "preflight", "multinode", "gpuhealth", "layout", "plan", "models", "plan_types",
             "inputs", "memory", "gpus", "gpuaccess", "recipes", "render")
 
 

@@ -60,7 +60,7 @@ def test_nothing_below_the_stages_imports_them_or_the_fleet_layer():
 # share them and a test can run them without pyinfra (issue 35). inputs is the gatherer's pure half.
 PURE = ("nemofleet.settings", "nemofleet.valuetypes", "nemofleet.gateway", "nemofleet.gpu_classes", "nemofleet.secret", "nemofleet.spec", "nemofleet.inputs", "nemofleet.desired",
         "nemofleet.plan", "nemofleet.render", "nemofleet.preflight", "nemofleet.memory", "nemofleet.recipes",
-        "nemofleet.multinode", "nemofleet.planning", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
+        "nemofleet.multinode", "nemofleet.gpus", "nemofleet.gpuhealth", "nemofleet.models",
         "nemofleet.nvsmi", "nemofleet.dockerconf", "nemofleet.vllm_flags", "nemofleet.flagtable",
         "nemofleet.plan_types", "nemofleet.layout", "nemofleet.plan_prose", "nemofleet.gpuaccess", "nemofleet.factmodel")
 
