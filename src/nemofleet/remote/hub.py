@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, de
 
 # the revision answer is a few KB; the file list of a 232 GB checkpoint is well under 1 MB
 ANSWER_LIMIT = 64 * 1024 * 1024
-SIZE_LIMIT = 2 ** 63
 TOKEN_LIMIT = 4096
 MAX_REDIRECTS = 5
 
@@ -144,7 +143,7 @@ def precheck(d, repo, rev, endpoint, token_file, present):
         if not isinstance(f, dict) or f.get("type") != "file":
             continue
         size = f.get("size") or 0
-        if type(size) is not int or not 0 <= size < SIZE_LIMIT:
+        if not is_size(size):
             raise Refused("%s gave a file of %s a size that is not one (%.40r); the weights in %s were left "
                           "as they are" % (endpoint, repo, size, d))
         total += size
