@@ -143,10 +143,6 @@ def host_inputs() -> HostInputs:
                          now=time.time(), operator=operator())[host.name]
 
 
-def desired() -> Desired:
-    return decide(host_inputs())
-
-
 @stage("nemofleet preflight")
 def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
