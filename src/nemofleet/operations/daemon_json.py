@@ -102,8 +102,7 @@ def merge(current: dict, desired: dict, defaults: dict | None = None) -> dict:
 
 
 def needs_restart(before: dict, after: dict) -> list[str]:
-    keys = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-    restart = sorted(k for k in keys if k not in RELOADABLE)
+    restart = sorted(k for k in differing_keys(before, after) if k not in RELOADABLE)
     b, a = (before.get("features") or {}), (after.get("features") or {})
     if a.get("cdi") and not b.get("cdi"):
         restart.append("features.cdi (enabling CDI)")
