@@ -31,11 +31,6 @@ RESTART_SCRIPT = (
     'sleep 0.5; done; done')
 
 
-def restart_command(units: list[str]) -> StringCommand:
-    """`systemctl restart --no-block UNITS`, returning once each has left its old main process."""
-    return StringCommand("sh", "-c", shell.quote(RESTART_SCRIPT), "restart", *units)
-
-
 def running_reads(units) -> tuple:
     """The fact running() and enabled_and_active() read (deploy.py reads it ahead)."""
     return UnitStates, {"units": tuple(units)}
@@ -109,7 +104,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
         if u in p.start:
             yield cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "start", "--no-block", "--", u)
     if p.restart:
-        yield restart_command(p.restart)
+        yield StringCommand("sh", "-c", shell.quote(RESTART_SCRIPT), "restart", *p.restart)
 
 
 @operation(is_idempotent=False)
