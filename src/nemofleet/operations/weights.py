@@ -16,6 +16,7 @@ from .. import fanout, paths, remote, shell
 from . import cmd, fail_command
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
+from ..models import is_commit
 from . import reads_with
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
@@ -360,10 +361,6 @@ def _receive(state, host, staging, units) -> bool:
                      "nothing changed here)", logger.error)
             return False
     return True
-
-
-def is_commit(revision: str) -> bool:
-    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
 
 
 @operation(is_idempotent=True)
