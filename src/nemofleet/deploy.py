@@ -383,12 +383,11 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
         op.files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files)
     door_changed |= op.files.will_change(files=want.front_door_secrets, dirs=secret_dirs)
     op.files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
-                     **({"dirs": secret_dirs} if secret_dirs else {}))
+                     dirs=secret_dirs)
     if op.frontdoor.will_change(path=paths.FRONT_DOOR_CFG, content=want.front_door_config):
         door_changed.add(paths.FRONT_DOOR_CFG)
     op.frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
-                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config,
-                            **({"role": label.lower()} if label != "Front door" else {}))
+                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config, role=label.lower())
     if paths.FRONT_DOOR_DROPIN in door_changed:
         op.units.daemon_reload(name="Reload systemd for the HAProxy drop-in")
     starts = op.units.will_enable_or_start(unit="haproxy.service")
