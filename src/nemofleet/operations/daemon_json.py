@@ -113,14 +113,6 @@ def render(data: dict) -> str:
     return json.dumps(data, indent=4, sort_keys=True) + "\n"
 
 
-def _show_diff(path: str, current: dict, text: str, action: str, restart: list[str]) -> None:
-    host.log(f"Will {'modify' if current['exists'] else 'create'} {path} (then {action} docker"
-             f"{': ' + ', '.join(restart) if restart else ''})", logger.info)
-    old = render(current["data"]).splitlines(True) if current["exists"] else []
-    for line in generate_color_diff(old, text.splitlines(True)):
-        logger.info("  %s", line)
-
-
 def _validate_snippet(tmp: str, path: str, server: str | None) -> str:
     """`dockerd --validate` on the temp file (Docker >= 23; older engines had only the schema
     check in validate_settings); a refusal removes the temp file and changes nothing."""
@@ -196,7 +188,11 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
     action = "restart" if restart else "reload"
     text = render(merged)
     if state.config.DIFF:
-        _show_diff(path, current, text, action, restart)
+        host.log(f"Will {'modify' if current['exists'] else 'create'} {path} (then {action} docker"
+                 f"{': ' + ', '.join(restart) if restart else ''})", logger.info)
+        old = render(current["data"]).splitlines(True) if current["exists"] else []
+        for line in generate_color_diff(old, text.splitlines(True)):
+            logger.info("  %s", line)
     docker = fact(DockerInfo)
     q = shell.quote
     yield from atomic_put(
