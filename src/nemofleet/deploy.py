@@ -229,8 +229,10 @@ class _Module:
         return record
 
 
-def _recorder(sink: list) -> SimpleNamespace:
-    return SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None)
+def _reads(walk: Callable[[SimpleNamespace], None]) -> list[tuple]:
+    sink: list = []
+    walk(SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None))
+    return sink
 
 
 @dataclass
@@ -420,12 +422,11 @@ PHASES = (("nemofleet host configuration", _configure_host), ("nemofleet weights
 _STAGES = tuple(stage(name)(body) for name, body in PHASES)
 
 
-def phases(want: Desired, op=OPS) -> Carried:
+def phases(want: Desired, op=OPS) -> None:
     """Run every phase for a host that passed preflight (`op`: the operations, or a recorder)."""
     carried = Carried()
     for run_stage, (_, body) in zip(_STAGES, PHASES):
         (run_stage if op is OPS else body)(want, carried, op)
-    return carried
 
 
 def nemotron() -> None:
@@ -448,16 +449,12 @@ def fact_reads(want: Desired) -> list[tuple]:
     remote command (facts/prefetch.py). Derived by walking the very stage code converge() runs,
     with a recorder in place of the operations (each operation declares its read next to itself);
     anything an operation reads that is not here it reads itself."""
-    sink: list = []
-    phases(want, _recorder(sink))
-    return sink
+    return _reads(lambda op: phases(want, op))
 
 
 def gateway_reads(want: Desired) -> list[tuple]:
     """The facts the gateway's stage reads (derived the same way)."""
-    sink: list = []
-    _front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=_recorder(sink))
-    return sink
+    return _reads(lambda op: _front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=op))
 
 
 def converge() -> None:
