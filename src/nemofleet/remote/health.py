@@ -298,12 +298,9 @@ class Health:
                 resets[bus_key(p[0])] = max(resets.get(bus_key(p[0]), 0), int(p[1]))
         log = ""
         for cmd in (["dmesg"], ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager"]):
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, errors="replace")
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if r.returncode == 0:
-                log = r.stdout
+            rc, out = self.run(cmd, 10)
+            if rc == 0:
+                log = out
                 break
         xids = {}  # type: dict[str, list]
         for ln in [x for x in log.splitlines() if "NVRM: Xid" in x][-200:]:
