@@ -169,7 +169,6 @@ def remove_tree(path, dir_fd=None):
 # ---- a model directory as huggingface_hub's `hf download --local-dir` leaves it, and the weights
 # check's completion marker in it (weights_check writes it; it and models_on_disk trust it alike)
 
-MARKER = ".nemofleet-complete"
 INDEX = "model.safetensors.index.json"
 CACHE = ".cache/huggingface/download"
 # a size or an offset no file system holds: anything larger (or negative) is not a size

@@ -22,6 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
     from ._prelude import *  # noqa: F403
 
+MARKER = ".nemofleet-complete"
 CONFIG_KEYS = ("architectures", "max_position_embeddings", "num_key_value_heads", "head_dim",
                "hybrid_override_pattern", "num_hidden_layers", "num_nextn_predict_layers",
                # the testbed's tiny stand-in checkpoint marks itself (nemofleet plan says so)

@@ -33,6 +33,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, defines these
     from ._prelude import *  # noqa: F403
 
+MARKER = ".nemofleet-complete"
 # an index or a marker is a few MB at most (a 232 GB checkpoint's index is about 2 MB: read_json's
 # 64 MB bound); a safetensors header is bounded the same way (the format caps it at 100 MB)
 HEADER_LIMIT = 100 * 1024 * 1024
