@@ -144,10 +144,6 @@ def host_inputs() -> HostInputs:
                          now=time.time(), operator=operator())[host.name]
 
 
-def desired() -> Desired:
-    return decide(host_inputs())
-
-
 @stage("nemofleet preflight")
 def run_preflight() -> Desired:
     """Refuse a host that cannot serve (one sentence each) before anything changes."""
@@ -234,8 +230,10 @@ class _Module:
         return record
 
 
-def _recorder(sink: list) -> SimpleNamespace:
-    return SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None)
+def _reads(walk: Callable[[SimpleNamespace], None]) -> list[tuple]:
+    sink: list = []
+    walk(SimpleNamespace(**{k: _Module(v, sink) for k, v in vars(OPS).items() if k != "log"}, log=lambda text: None))
+    return sink
 
 
 @dataclass
@@ -388,12 +386,11 @@ def _front_door(want: Desired, label: str = "Front door", secret_dirs: dict | No
         op.files.managed(name=f"{label}: drain script and HAProxy drop-in", files=want.front_door_files)
     door_changed |= op.files.will_change(files=want.front_door_secrets, dirs=secret_dirs)
     op.files.managed(name=f"{label}: API key patterns (0600)", files=want.front_door_secrets, secret=True,
-                     **({"dirs": secret_dirs} if secret_dirs else {}))
+                     dirs=secret_dirs)
     if op.frontdoor.will_change(path=paths.FRONT_DOOR_CFG, content=want.front_door_config):
         door_changed.add(paths.FRONT_DOOR_CFG)
     op.frontdoor.configured(name=f"{label}: HAProxy config (haproxy -c before it is live)",
-                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config,
-                            **({"role": label.lower()} if label != "Front door" else {}))
+                            path=paths.FRONT_DOOR_CFG, content=want.front_door_config, role=label.lower())
     if paths.FRONT_DOOR_DROPIN in door_changed:
         op.units.daemon_reload(name="Reload systemd for the HAProxy drop-in")
     starts = op.units.will_enable_or_start(unit="haproxy.service")
@@ -426,12 +423,11 @@ PHASES = (("nemofleet host configuration", _configure_host), ("nemofleet weights
 _STAGES = tuple(stage(name)(body) for name, body in PHASES)
 
 
-def phases(want: Desired, op=OPS) -> Carried:
+def phases(want: Desired, op=OPS) -> None:
     """Run every phase for a host that passed preflight (`op`: the operations, or a recorder)."""
     carried = Carried()
     for run_stage, (_, body) in zip(_STAGES, PHASES):
         (run_stage if op is OPS else body)(want, carried, op)
-    return carried
 
 
 def nemotron() -> None:
@@ -454,16 +450,12 @@ def fact_reads(want: Desired) -> list[tuple]:
     remote command (facts/prefetch.py). Derived by walking the very stage code converge() runs,
     with a recorder in place of the operations (each operation declares its read next to itself);
     anything an operation reads that is not here it reads itself."""
-    sink: list = []
-    phases(want, _recorder(sink))
-    return sink
+    return _reads(lambda op: phases(want, op))
 
 
 def gateway_reads(want: Desired) -> list[tuple]:
     """The facts the gateway's stage reads (derived the same way)."""
-    sink: list = []
-    _front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=_recorder(sink))
-    return sink
+    return _reads(lambda op: _front_door(want, label="Gateway", secret_dirs=want.secret_dirs, op=op))
 
 
 def converge() -> None:

@@ -52,11 +52,6 @@ def fail_command(sentence: str) -> StringCommand:
     return StringCommand("sh", "-c", shell.quote(f"printf '%s\\n' {shell.quote(sentence)} >&2; exit 1"))
 
 
-def private_mode(mode: str) -> bool:
-    """A mode that gives group and others nothing (0600, 0400, 0700)."""
-    return str(mode)[-2:] == "00"
-
-
 def temp_path(path: str) -> str:
     """The upload target beside `path`: same directory, so the final `mv` is a rename(2) on one
     filesystem (atomic: readers see the old file or the new one, never half of it)."""
@@ -77,7 +72,7 @@ def atomic_put(content: str | bytes, path: str, mode: str, validate: str = "", b
     data = content.encode() if isinstance(content, str) else content
     tmp = temp_path(path)
     q = shell.quote
-    if private_mode(mode):
+    if str(mode)[-2:] == "00":  # a mode that gives group and others nothing (0600, 0400, 0700)
         # the upload writes into an existing file and keeps its mode (SFTP opens it O_TRUNC, and
         # the sudo path cp's onto it): create it empty and 0600 first, so a secret is never in a
         # file others can read, not even between the upload and the chmod

@@ -102,8 +102,7 @@ def merge(current: dict, desired: dict, defaults: dict | None = None) -> dict:
 
 
 def needs_restart(before: dict, after: dict) -> list[str]:
-    keys = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
-    restart = sorted(k for k in keys if k not in RELOADABLE)
+    restart = sorted(k for k in differing_keys(before, after) if k not in RELOADABLE)
     b, a = (before.get("features") or {}), (after.get("features") or {})
     if a.get("cdi") and not b.get("cdi"):
         restart.append("features.cdi (enabling CDI)")
@@ -112,14 +111,6 @@ def needs_restart(before: dict, after: dict) -> list[str]:
 
 def render(data: dict) -> str:
     return json.dumps(data, indent=4, sort_keys=True) + "\n"
-
-
-def _show_diff(path: str, current: dict, text: str, action: str, restart: list[str]) -> None:
-    host.log(f"Will {'modify' if current['exists'] else 'create'} {path} (then {action} docker"
-             f"{': ' + ', '.join(restart) if restart else ''})", logger.info)
-    old = render(current["data"]).splitlines(True) if current["exists"] else []
-    for line in generate_color_diff(old, text.splitlines(True)):
-        logger.info("  %s", line)
 
 
 def _validate_snippet(tmp: str, path: str, server: str | None) -> str:
@@ -197,7 +188,11 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
     action = "restart" if restart else "reload"
     text = render(merged)
     if state.config.DIFF:
-        _show_diff(path, current, text, action, restart)
+        host.log(f"Will {'modify' if current['exists'] else 'create'} {path} (then {action} docker"
+                 f"{': ' + ', '.join(restart) if restart else ''})", logger.info)
+        old = render(current["data"]).splitlines(True) if current["exists"] else []
+        for line in generate_color_diff(old, text.splitlines(True)):
+            logger.info("  %s", line)
     docker = fact(DockerInfo)
     q = shell.quote
     yield from atomic_put(

@@ -108,8 +108,7 @@ def authorized_key(path: str, line: str, key: str):
     if len(words) < 2:
         yield fail_command(f"the fleet seed public key is not one key (TYPE BASE64); nothing was written to {path}")
         return
-    cls, kwargs = key_reads(path)
-    lines = [ln for ln in fact(cls, **kwargs).splitlines() if ln.strip()]
+    lines = [ln for ln in fact(*key_reads(path)).splitlines() if ln.strip()]
     blob = words[1]  # the key itself, whatever the options of a line
     mine = [ln for ln in lines if blob in ln.split()]
     if mine == [line]:

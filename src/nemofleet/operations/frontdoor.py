@@ -34,8 +34,7 @@ def will_change(path: str, content: str) -> bool:
 
 @reads_with(lambda path, **_: reads(path))
 @operation(is_idempotent=True)
-def configured(path: str, content: str, changed: set | None = None, haproxy: str = "haproxy",
-               role: str = "front door"):
+def configured(path: str, content: str, changed: set | None = None, role: str = "front door"):
     """`path` holds `content` (0644), but only a config that `haproxy -c` accepts replaces the
     live one: a refused config is removed and the host fails with one sentence (HAProxy's first
     ALERT line in it); the live file and the running proxy are untouched. `role`: what the
@@ -47,7 +46,7 @@ def configured(path: str, content: str, changed: set | None = None, haproxy: str
         changed.add(path)
     q, tmp = shell.quote, temp_path(path)
     before, after = refusal(host.name, path, role)
-    validate = (f"if ! out=$(timeout 30 {q(haproxy)} -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
+    validate = (f"if ! out=$(timeout 30 haproxy -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "
                 f"why=$(printf '%s\\n' \"$out\" | grep -m1 -E 'ALERT|rror' | tr -d '\\r' | cut -c1-300); "
                 f"printf '%s%s%s\\n' {q(before)} \"${{why:-exit status non-zero}}\" {q(after)} >&2; exit 1; fi; ")
     yield from atomic_put(content, path, "0644", validate=validate)

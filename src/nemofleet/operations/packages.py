@@ -91,11 +91,6 @@ def unmet(have: dict, names: list[str], version: str) -> list[str]:
     return [n for n in names if n in off or not (have.get(n) or {}).get("held")]
 
 
-def pin_text(packages: list[str], version: str, why: str) -> str:
-    return (f"# Managed by nemofleet: {why}\nPackage: {' '.join(packages)}\n"
-            f"Pin: version {version}\nPin-Priority: 1001\n")
-
-
 @operation(is_idempotent=True)
 def pinned(packages: list[str], version: str, pin_file: str, label: str, source: dict | None = None,
            conflicting: list[str] | None = None, after_install: str | None = None, changed: set | None = None,
@@ -108,7 +103,9 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     packages were installed or changed; `changed` gets `label` then. debs: [(name, bytes, SHA-256)]
     of a signed bundle, installed from the files instead of any repository (source is then None).
     """
-    files: dict[str, bytes] = {pin_file: pin_text(packages, version, f"pin {label} to {version}").encode()}
+    files: dict[str, bytes] = {pin_file: (f"# Managed by nemofleet: pin {label} to {version}\n"
+                                          f"Package: {' '.join(packages)}\n"
+                                          f"Pin: version {version}\nPin-Priority: 1001\n").encode()}
     if source:
         files[source["keyring"]] = source["key"]
         files[source["list"]] = (f"# Managed by nemofleet: {label}\n{source['line']}\n").encode()

@@ -38,28 +38,24 @@ def _wait(state, host, timeout: float, interval: float) -> bool:  # pragma: no c
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        return _reconnect(host, timeout, interval)
+        host.disconnect()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            time.sleep(interval)
+            host.connect(show_errors=False)
+            if not host.connected:
+                continue
+            ok, out = host.run_shell_command(StringCommand(
+                "sh", "-c", f"'test ! -e {MARKER} && systemctl is-system-running --wait >/dev/null 2>&1; "
+                f"test ! -e {MARKER}'"))
+            if ok:
+                host.log(f"back after the reboot ({timeout - (deadline - time.time()):.0f} s)", logger.info)
+                return True
+            host.disconnect()
+        host.log(f"did not come back within {timeout:.0f} s of the reboot; check its console", logger.error)
+        return False
     finally:
         quiet.setLevel(level)
-
-
-def _reconnect(host, timeout: float, interval: float) -> bool:  # pragma: no cover (needs a reboot)
-    host.disconnect()
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        time.sleep(interval)
-        host.connect(show_errors=False)
-        if not host.connected:
-            continue
-        ok, out = host.run_shell_command(StringCommand(
-            "sh", "-c", f"'test ! -e {MARKER} && systemctl is-system-running --wait >/dev/null 2>&1; "
-            f"test ! -e {MARKER}'"))
-        if ok:
-            host.log(f"back after the reboot ({timeout - (deadline - time.time()):.0f} s)", logger.info)
-            return True
-        host.disconnect()
-    host.log(f"did not come back within {timeout:.0f} s of the reboot; check its console", logger.error)
-    return False
 
 
 @operation(is_idempotent=False)

@@ -8,11 +8,11 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from .. import shell
+from ..paths import UNIT_DIR
 from ..facts.units import UnitStates
 from ..facts.prefetch import fact
 from . import cmd, predicts, reads_with
 
-UNIT_GLOB = "/etc/systemd/system/nemofleet-vllm-*.service"
 # the unit files nemofleet writes (paths.unit_path): the only names of the listing it acts on
 UNIT_NAME = r"nemofleet-vllm-[A-Za-z0-9_.-]{1,64}\.service"
 # systemctl talks to PID 1 over D-Bus; a wedged systemd must not hang the run
@@ -29,11 +29,6 @@ RESTART_SCRIPT = (
     'while [ "$p" != 0 ] && [ "$(systemctl show -p MainPID --value "$u")" = "$p" ]; do '
     '[ $(date +%s) -lt $end ] || { echo "$u still runs its old process $p after ' + str(RESTART_WAIT) + ' s" >&2; exit 1; }; '
     'sleep 0.5; done; done')
-
-
-def restart_command(units: list[str]) -> StringCommand:
-    """`systemctl restart --no-block UNITS`, returning once each has left its old main process."""
-    return StringCommand("sh", "-c", shell.quote(RESTART_SCRIPT), "restart", *units)
 
 
 def running_reads(units) -> tuple:
@@ -54,7 +49,7 @@ class RunningPlan(NamedTuple):
         return bool(self.stale or self.enable or self.start or self.restart)
 
 
-def _plan(st: dict, units: list[str], changed, unit_dir: str, front_door: bool) -> RunningPlan:
+def _plan(st: dict, units: list[str], changed, front_door: bool) -> RunningPlan:
     # names read from the unit directory: only files of our own shape are stopped and removed
     stale = sorted(set(shell.own_names(st["files"], UNIT_NAME)) - set(units))
     enable, start, restart = [], [], []
@@ -64,7 +59,7 @@ def _plan(st: dict, units: list[str], changed, unit_dir: str, front_door: bool) 
             enable.append(u)
         if not s["active"]:
             start.append(u)
-        elif changed and f"{unit_dir}/{u}" in changed:
+        elif changed and f"{UNIT_DIR}/{u}" in changed:
             restart.append(u)
     return RunningPlan(stale, enable, start, [] if front_door else restart, restart if front_door else [])
 
@@ -76,24 +71,22 @@ def _before_facts(units: list[str], deferred: set | None = None, **_) -> Running
 
 
 @predicts(_before_facts)
-def running_plan(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
-                 deferred: set | None = None) -> RunningPlan:
+def running_plan(units: list[str], changed: set | None = None, deferred: set | None = None) -> RunningPlan:
     """What running(units=..., changed=..., deferred=...) will do, from the same fact (read ahead):
     the deploy adds the ready wait only when it starts or restarts something, and a front door's
     drain restart only for a unit that runs now and whose file changes."""
-    return _plan(fact(*running_reads(units)), units, changed, unit_dir, deferred is not None)
+    return _plan(fact(*running_reads(units)), units, changed, deferred is not None)
 
 
 @reads_with(lambda units, **_: running_reads(units))
 @operation(is_idempotent=True)
-def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/systemd/system",
-            deferred: set | None = None):
+def running(units: list[str], changed: set | None = None, deferred: set | None = None):
     """Every unit enabled and active; a unit whose file changed (`changed`: the unit paths this
     run writes, files.will_change()) is restarted (only that one); nemofleet units no longer in
     the plan are stopped, disabled and removed. With `deferred` (a front door), a running unit
     whose file changed is not restarted here but added to the set: the deploy restarts it through
     the front door's drain, one at a time (running_plan() tells the deploy which, beforehand)."""
-    p = running_plan(units, changed, unit_dir, deferred)
+    p = running_plan(units, changed, deferred)
     if deferred is not None:
         deferred.update(p.deferred)
     if not p.changes():
@@ -101,7 +94,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
         return
     if p.stale:
         yield cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "disable", "--now", "--", *p.stale)
-        yield cmd("rm", "-f", "--", *[f"{unit_dir}/{u}" for u in p.stale])
+        yield cmd("rm", "-f", "--", *[f"{UNIT_DIR}/{u}" for u in p.stale])
         yield cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "daemon-reload")
     for u in units:
         if u in p.enable:
@@ -109,7 +102,7 @@ def running(units: list[str], changed: set | None = None, unit_dir: str = "/etc/
         if u in p.start:
             yield cmd("timeout", SYSTEMCTL_TIMEOUT, "systemctl", "start", "--no-block", "--", u)
     if p.restart:
-        yield restart_command(p.restart)
+        yield StringCommand("sh", "-c", shell.quote(RESTART_SCRIPT), "restart", *p.restart)
 
 
 @operation(is_idempotent=False)

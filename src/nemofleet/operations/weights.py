@@ -16,11 +16,10 @@ from .. import fanout, paths, remote, shell
 from . import cmd, fail_command
 from ..facts.weights import MARKER, WeightsStatus, check_command
 from ..facts.prefetch import fact
+from ..models import is_commit
 from . import reads_with
 
 DOWNLOAD_PREFIX = "nemofleet-weights-"
-SEED_KEY = paths.SEED_KEY
-SEED_KNOWN_HOSTS = paths.SEED_KNOWN_HOSTS
 
 # Runs on the host before any byte is fetched (remote/hub.py `precheck`): is the mirror up, does
 # repo@revision exist, is there disk for what is still missing? One sentence and exit 1 otherwise.
@@ -77,8 +76,8 @@ def seed_lines(seed: dict | list, directory: str, revision: str, verified: str |
 
 def _seed_lines(seed: dict, directory: str, verified: str) -> list[str]:
     q = shell.quote
-    ssh = (f"ssh -i {q(seed.get('key', SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
-           f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={SEED_KNOWN_HOSTS}")
+    ssh = (f"ssh -i {q(seed.get('key', paths.SEED_KEY))} -p {int(seed.get('port', 22))} -o BatchMode=yes "
+           f"-o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o UserKnownHostsFile={paths.SEED_KNOWN_HOSTS}")
     # the peer's key is restricted to `rrsync -ro <models root>`: paths are relative to that root
     root = seed.get("root", "").rstrip("/")
     rel = directory[len(root) + 1:] if root and directory.startswith(root + "/") else directory
@@ -362,10 +361,6 @@ def _receive(state, host, staging, units) -> bool:
                      "nothing changed here)", logger.error)
             return False
     return True
-
-
-def is_commit(revision: str) -> bool:
-    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
 
 
 @operation(is_idempotent=True)

@@ -166,6 +166,38 @@ def remove_tree(path, dir_fd=None):
         pass
 
 
+# ---- a model directory as huggingface_hub's `hf download --local-dir` leaves it, and the weights
+# check's completion marker in it (weights_check writes it; it and models_on_disk trust it alike)
+
+INDEX = "model.safetensors.index.json"
+CACHE = ".cache/huggingface/download"
+# a size or an offset no file system holds: anything larger (or negative) is not a size
+SIZE_LIMIT = 2 ** 63
+
+
+def is_size(n):
+    return type(n) is int and 0 <= n < SIZE_LIMIT
+
+
+def incomplete_files(d):
+    """How many *.incomplete files huggingface_hub left in d's cache (a linked cache: none)."""
+    cache = open_dir(d, CACHE)
+    if cache is None:
+        return 0
+    try:
+        return sum(1 for _, _, names, _ in os.fwalk(".", dir_fd=cache) for n in names if n.endswith(".incomplete"))
+    finally:
+        os.close(cache)
+
+
+def marker_files(d, marker):
+    """The {file: size} a completion marker (its JSON value) lists when each is still a regular
+    file of that size inside d (below(): no link on the way is followed), else None."""
+    listed = marker.get("files") if isinstance(marker, dict) else None
+    if isinstance(listed, dict) and all(is_size(n) and below(d, f, file_size) == n for f, n in listed.items()):
+        return listed
+    return None
+
 # ---- the run's deadline and HTTP (remote.source sends this part to the programs that call http_request)
 
 # The run's deadline: deadline(seconds) arms an alarm that interrupts whatever waits when it comes

@@ -298,12 +298,9 @@ class Health:
                 resets[bus_key(p[0])] = max(resets.get(bus_key(p[0]), 0), int(p[1]))
         log = ""
         for cmd in (["dmesg"], ["journalctl", "-k", "-b", "-o", "short-monotonic", "--no-pager"]):
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=10, errors="replace")
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if r.returncode == 0:
-                log = r.stdout
+            rc, out = self.run(cmd, 10)
+            if rc == 0:
+                log = out
                 break
         xids = {}  # type: dict[str, list]
         for ln in [x for x in log.splitlines() if "NVRM: Xid" in x][-200:]:
@@ -373,9 +370,6 @@ class Health:
             lines += ls
         return error, lines, verdicts
 
-    def instances_on(self, uuid):
-        return [g["instance"] for g in self.gpus if g.get("uuid") == uuid]
-
     def gpu_watch(self, now):
         """Drains the instances of a GPU that turned sick; returns the GPU metric lines."""
         error, lines, verdicts = self.gpu_read()
@@ -385,7 +379,7 @@ class Health:
             if not isinstance(uuid, str) or not UUID.fullmatch(uuid):
                 print("GPU watch: GPU %s has a UUID nemofleet does not know the shape of (%.80r): skipped" % (index, uuid))
                 continue
-            names = self.instances_on(uuid)
+            names = [g["instance"] for g in self.gpus if g.get("uuid") == uuid]
             shown = " ".join(names) or "none"
             mark = "gpu-%s.sick" % uuid
             if state == "sick":
@@ -469,13 +463,10 @@ class Health:
                 lines.append('nemofleet_serving_group_member_up{group="%s",role="%s",rank="%s",instance="%s"} %d' % (
                     label(g["name"]), label(g["role"]), label(g["rank"]), n, up))
             load = self.load_of(port) if port != 0 else None
-            if load:
-                for metric, value in zip(("running", "waiting", "kv"), load):
-                    if value != "-":
-                        full = {"running": "nemofleet_vllm_num_requests_running",
-                                "waiting": "nemofleet_vllm_num_requests_waiting",
-                                "kv": "nemofleet_vllm_kv_cache_usage_ratio"}[metric]
-                        lines.append('%s{instance="%s"} %s' % (full, n, value))
+            for full, value in zip(("nemofleet_vllm_num_requests_running", "nemofleet_vllm_num_requests_waiting",
+                                    "nemofleet_vllm_kv_cache_usage_ratio"), load or ()):
+                if value != "-":
+                    lines.append('%s{instance="%s"} %s' % (full, n, value))
         out = list(up_lines)
         for name, text in (
                 ("nemofleet_vllm_last_success_timestamp_seconds", "Unix time of the last passed check."),

@@ -35,9 +35,7 @@ if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, de
 
 CALL_TIMEOUT = 10
 WEIGHTS_BUDGET = 60  # seconds for all of the weights figures (the shell version's per-directory bound)
-INDEX = "model.safetensors.index.json"
 READ_LIMIT = 1 << 20
-SIZE_LIMIT = 2 ** 63
 LINE_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 

@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, de
 
 # the revision answer is a few KB; the file list of a 232 GB checkpoint is well under 1 MB
 ANSWER_LIMIT = 64 * 1024 * 1024
-SIZE_LIMIT = 2 ** 63
 TOKEN_LIMIT = 4096
 MAX_REDIRECTS = 5
 
@@ -77,13 +76,12 @@ def get_json(url, token):
     return json.loads(data)
 
 
-def is_commit(sha):
-    return isinstance(sha, str) and len(sha) == 40 and all(c in "0123456789abcdef" for c in sha)
-
-
-def revision_url(endpoint, repo, rev):
-    return "%s/api/models/%s/revision/%s" % (endpoint.rstrip("/"), urllib.parse.quote(repo, safe="/"),
-                                             urllib.parse.quote(rev, safe=""))
+def revision_sha(endpoint, repo, rev, token):
+    """The 40-hex commit the mirror says REVISION is, or None when its answer names none."""
+    info = get_json("%s/api/models/%s/revision/%s" % (endpoint.rstrip("/"), urllib.parse.quote(repo, safe="/"),
+                                                      urllib.parse.quote(rev, safe="")), token)
+    sha = info.get("sha") if isinstance(info, dict) else None
+    return sha if isinstance(sha, str) and len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
 
 
 def reason(exc):
@@ -94,9 +92,8 @@ def reason(exc):
 def commit(endpoint, repo, rev, token_file):
     try:
         token = read_token(token_file)
-        info = get_json(revision_url(endpoint, repo, rev), token)
-        sha = info.get("sha") if isinstance(info, dict) else None
-        if not is_commit(sha):
+        sha = revision_sha(endpoint, repo, rev, token)
+        if sha is None:
             return {"error": "%s answered no commit for %s at revision %s" % (endpoint, repo, rev)}
         return {"sha": sha}
     except Refused as exc:
@@ -116,9 +113,8 @@ def precheck(d, repo, rev, endpoint, token_file, present):
         raise Refused("the bytes present (%r) are not a number" % present[:40])
     token = read_token(token_file)
     try:
-        info = get_json(revision_url(endpoint, repo, rev), token)
-        sha = info.get("sha") if isinstance(info, dict) else None
-        if not is_commit(sha):
+        sha = revision_sha(endpoint, repo, rev, token)
+        if sha is None:
             raise Refused("%s answered no commit for %s at revision %s; check the mirror" % (endpoint, repo, rev))
         tree = get_json("%s/api/models/%s/tree/%s?recursive=true&expand=false" % (
             endpoint.rstrip("/"), urllib.parse.quote(repo, safe="/"), sha), token)
@@ -144,7 +140,7 @@ def precheck(d, repo, rev, endpoint, token_file, present):
         if not isinstance(f, dict) or f.get("type") != "file":
             continue
         size = f.get("size") or 0
-        if type(size) is not int or not 0 <= size < SIZE_LIMIT:
+        if not is_size(size):
             raise Refused("%s gave a file of %s a size that is not one (%.40r); the weights in %s were left "
                           "as they are" % (endpoint, repo, size, d))
         total += size

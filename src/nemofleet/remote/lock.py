@@ -58,11 +58,6 @@ def is_digest(text):
     return len(text) == 64 and set(text) <= HEX
 
 
-def is_time(text):
-    """A Unix time as lockinfo.parse reads one: at most 12 ASCII digits."""
-    return 0 < len(text) <= 12 and text.isascii() and text.isdigit()
-
-
 def read_info(lock):
     """{key: value} of LOCK/info's known keys, or None when it cannot be read. A key given twice
     is dropped (nemofleet writes each once)."""
@@ -85,7 +80,8 @@ def read_info(lock):
             continue
         if key in seen:
             info.pop(key, None)
-        elif key != "expires" or is_time(value):  # an expires= that is not a time: a lock without expiry
+        # an expires= that is not a Unix time as lockinfo.parse reads one (1 to 12 ASCII digits): no expiry
+        elif key != "expires" or (0 < len(value) <= 12 and value.isascii() and value.isdigit()):
             info[key] = one_line(value)
         seen.add(key)
     return info

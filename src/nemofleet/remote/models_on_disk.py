@@ -27,28 +27,11 @@ CONFIG_KEYS = ("architectures", "max_position_embeddings", "num_key_value_heads"
                "hybrid_override_pattern", "num_hidden_layers", "num_nextn_predict_layers",
                # the testbed's tiny stand-in checkpoint marks itself (nemofleet plan says so)
                "nemofleet_tiny")
-SIZE_LIMIT = 2 ** 63
-CACHE = ".cache/huggingface/download"
-
-
-def is_size(n):
-    return type(n) is int and 0 <= n < SIZE_LIMIT
-
-
-def incomplete_files(d):
-    """How many *.incomplete files huggingface_hub left in d's cache (a linked cache: none)."""
-    cache = open_dir(d, CACHE)
-    if cache is None:
-        return 0
-    try:
-        return sum(1 for _, _, names, _ in os.fwalk(".", dir_fd=cache) for n in names if n.endswith(".incomplete"))
-    finally:
-        os.close(cache)
 
 
 def describe(d):
     meta = {}
-    index = read_json(os.path.join(d, "model.safetensors.index.json"))
+    index = read_json(os.path.join(d, INDEX))
     total = index.get("metadata") if isinstance(index, dict) else None
     total = total.get("total_size") if isinstance(total, dict) else None
     if is_size(total):
@@ -58,10 +41,9 @@ def describe(d):
         meta["config"] = {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
     meta["complete"] = file_size(os.path.join(d, MARKER)) is not None
     m = read_json(os.path.join(d, MARKER))
-    listed = m.get("files") if isinstance(m, dict) else None
     meta["revision"] = m["revision"] if isinstance(m, dict) and isinstance(m.get("revision"), str) else None
-    if meta["revision"] is not None and isinstance(listed, dict) \
-            and all(is_size(n) and below(d, f, file_size) == n for f, n in listed.items()):
+    listed = marker_files(d, m) if meta["revision"] is not None else None
+    if listed is not None:
         marker_total = m.get("total_size")
         meta["marker_ok"] = {"present_bytes": sum(listed.values()),
                              "total_size": marker_total if is_size(marker_total) else None,

@@ -34,17 +34,9 @@ if TYPE_CHECKING:  # the prelude (remote/_prelude.py), sent before this text, de
     from ._prelude import *  # noqa: F403
 
 MARKER = ".nemofleet-complete"
-INDEX = "model.safetensors.index.json"
-CACHE = ".cache/huggingface/download"
 # an index or a marker is a few MB at most (a 232 GB checkpoint's index is about 2 MB: read_json's
 # 64 MB bound); a safetensors header is bounded the same way (the format caps it at 100 MB)
 HEADER_LIMIT = 100 * 1024 * 1024
-# a size or an offset no file system holds: anything larger (or negative) is not a size
-SIZE_LIMIT = 2 ** 63
-
-
-def is_size(n):
-    return type(n) is int and 0 <= n < SIZE_LIMIT
 
 
 def is_shard_name(name):
@@ -57,17 +49,6 @@ def metadata(d, name):
     """The lines of huggingface_hub's metadata of file `name` (undecodable bytes replaced), or None."""
     data = below(d, CACHE + "/" + name + ".metadata", read_file, 4096)
     return None if data is None else data.decode("utf-8", "replace").split("\n")
-
-
-def incomplete_files(d):
-    """How many *.incomplete files huggingface_hub left in d's cache (a linked cache: none)."""
-    cache = open_dir(d, CACHE)
-    if cache is None:
-        return 0
-    try:
-        return sum(1 for _, _, names, _ in os.fwalk(".", dir_fd=cache) for n in names if n.endswith(".incomplete"))
-    finally:
-        os.close(cache)
 
 
 def files(d):
@@ -83,16 +64,6 @@ def files(d):
             if size is not None:
                 res[rel] = size
     return res
-
-
-def marker_files(marker):
-    """The marker's {file: size} when every entry is a file inside DIR with a size, else None."""
-    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
-        return None
-    listed = marker["files"]
-    if not all(is_inside(k) and is_size(v) for k, v in listed.items()):
-        return None
-    return listed
 
 
 def shard_intact(d, name, size):
@@ -166,9 +137,8 @@ def check(d, rev, mode, out):
     out["incomplete_files"] = incomplete_files(d)
     if mode == "check":
         m = read_json(marker)
-        listed = marker_files(m)
-        if listed is not None and m.get("revision") == rev \
-                and all(below(d, f, file_size) == s for f, s in listed.items()):
+        listed = marker_files(d, m) if isinstance(m, dict) and m.get("revision") == rev else None
+        if listed is not None:
             total = m.get("total_size")
             out.update(complete=True, marker=True, total_size=total if is_size(total) else None,
                        present_bytes=sum(listed.values()))
