@@ -1,20 +1,6 @@
-"""nemofleet command line: testbed, plan, status, models.
-
-    nemofleet testbed up|down|status|recreate HOST
-    nemofleet testbed gpu-fault HOST GPU xid79|xid48|remap-pending|remap-failure|ecc-uncorrectable|pcie-degraded|fabric-manager-down|clear
-    nemofleet plan INVENTORY [--limit HOST] [--json] [--facts FILE]
-    nemofleet status INVENTORY [--limit HOST]
-    nemofleet models
-    nemofleet settings [--markdown]
-    nemofleet rollout INVENTORY [--batch N|P%] [--canary N] [--max-failures N] [--wait S] [--limit H] [--data k=v]
-                      [--lock-ttl 2h] [--bake S] [--slo-error-rate P] [--slo-latency-ratio R]
-                      [--slo-min-requests N] [--on-thin-traffic wait|pass|fail] [--pause-after-canary] [--json]
-                      [--canary-weight P%] [--canary-steps P,P,...] [--no-gateway-drain]
-    nemofleet smoke INVENTORY [--limit H] [--prompt TEXT | --prompt-file FILE|-] [--max-tokens N] [--json]
-    nemofleet rollback INVENTORY [--limit H]
-    nemofleet lock status|acquire|release INVENTORY [--limit H] [--message M] [--force]
-    nemofleet rebuild INVENTORY HOST [--accept-new-host-key [--expect-host-key SHA256:... | --yes]]
-    nemofleet bundle create INVENTORY -o FILE [--facts FILE] | verify FILE [INVENTORY] | show FILE
+"""nemofleet command line: plan, status, rollout, rollback, smoke, lock, rebuild, bundle, models,
+settings and the testbed, one argparse parser (`nemofleet --help`, and each command's own --help,
+list them with every option: the usage is generated from the parser, never written out twice).
 """
 from __future__ import annotations
 
