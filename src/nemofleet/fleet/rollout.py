@@ -215,37 +215,6 @@ def _failure_line(out: str) -> str:
     return next((ln.strip() for ln in out.splitlines() if "refused" in ln or "rror" in ln), out.strip()[-200:])
 
 
-def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, log=print,
-               session: "driver.Session | None" = None) -> HostResult:
-    t0 = time.time()
-    before = read_state(inventory, host)
-    res = HostResult(host)
-    if before is None:
-        res.result, res.detail = "unreachable", "could not connect over SSH"
-        return res
-    res.old = before.release
-    # the gate waits for readiness; a front door's one-at-a-time restarts wait for each instance
-    # themselves, at most the startup window each (an instance that fails stops the deploy there)
-    r = driver.run(inventory, [host], DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
-                                                    "wait_ready": "false"},
-                   timeout=window + DEPLOY_SLACK, env=env,
-                   beat=driver.Heartbeat(log, f"{host}: deploying", stage="connecting"))
-    if r.rc != 0 and not driver.connected(r.out, host):
-        res.result, res.detail = "unreachable", "could not connect over SSH"
-    elif r.rc != 0:
-        res.result = "failed"
-        res.detail = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
-    else:
-        ok, detail = gate(inventory, host, window, log=log, session=session)
-        res.result, res.detail = ("ok", detail) if ok else ("failed", f"health gate: {detail}")
-        res.new = (read_state(inventory, host) or HostState(None, None)).release
-    if res.result == "failed":
-        _recover(inventory, [res], {host: before}, window, log)
-    res.seconds = time.time() - t0
-    audit(inventory, host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
-    return res
-
-
 def _recover(inventory: str, results: list[HostResult], before: dict, window: float, log) -> None:
     """After a failed deploy or gate, of one host or of a group: only a host the deploy changed is
     rolled back, every member to the release it replaced, all together (the members of one model
@@ -275,12 +244,13 @@ def _recover(inventory: str, results: list[HostResult], before: dict, window: fl
         res.new = (read_state(inventory, res.host) or HostState(None, None)).release
 
 
-def deploy_group(inventory: str, members: list[str], data: dict, window: float, env: dict,
-                 log=print, session: "driver.Session | None" = None) -> list[HostResult]:
-    """A multi-node serving group as one unit: one deploy over all its members, the gate on the
-    head (its /health answers only with every member joined) and then on each worker; a failure
-    rolls back every member it changed."""
+def deploy_unit(inventory: str, members: list[str], data: dict, window: float, env: dict,
+                log=print, session: "driver.Session | None" = None) -> list[HostResult]:
+    """A deploy unit (a host, or a multi-node serving group as one): one deploy over all its
+    members, the gate on the head (its /health answers only with every member joined) and then on
+    each worker; a failure rolls back every member it changed."""
     t0 = time.time()
+    group = len(members) > 1
     before = {m: read_state(inventory, m) for m in members}
     results = [HostResult(m, old=(b.release if (b := before[m]) else None)) for m in members]
     lost = [m for m in members if before[m] is None]
@@ -290,37 +260,37 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
             res.detail = ("could not connect over SSH" if res.host in lost else
                           f"serving group member {', '.join(lost)} is unreachable: the group deploys as one unit")
         return results
+    # the gate waits for readiness; a front door's one-at-a-time restarts wait for each instance
+    # themselves, at most the startup window each (an instance that fails stops the deploy there)
     r = driver.run(inventory, members, DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
                                                      "wait_ready": "false"},
                    timeout=window + DEPLOY_SLACK, env=env,
                    beat=driver.Heartbeat(log, f"{', '.join(members)}: deploying", stage="connecting"))
     failed = None
-    if r.rc != 0:
+    if r.rc != 0 and not group and not driver.connected(r.out, members[0]):
+        results[0].result, results[0].detail = "unreachable", "could not connect over SSH"
+    elif r.rc != 0:
         failed = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
     else:
         for m in members:  # the head first: it is ready only once the whole group has joined
             ok, detail = gate(inventory, m, window, log=log, session=session)
             if not ok:
-                failed = f"health gate on {m}: {detail}"
+                failed = f"health gate on {m}: {detail}" if group else f"health gate: {detail}"
                 break
+        done = "serving group up (gated on the head)" if group else detail
+        for res in results:  # a host's release is read after its gate; a failed group's after its rollback
+            if not (failed and group):
+                res.new = (read_state(inventory, res.host) or HostState(None, None)).release
     for res in results:
-        res.result, res.detail = ("failed", failed) if failed else ("ok", "serving group up (gated on the head)")
-        if not failed:
-            res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+        if res.result != "unreachable":
+            res.result, res.detail = ("failed", failed) if failed else ("ok", done)
     if failed:
         _recover(inventory, results, before, window, log)
     for res in results:
         res.seconds = time.time() - t0
         audit(inventory, res.host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}"
-              f" (serving group {', '.join(members)})")
+              + (f" (serving group {', '.join(members)})" if group else ""))
     return results
-
-
-def _deploy_unit(inventory, unit, data, window, env, log, session=None) -> list[HostResult]:
-    kw = {"session": session} if session is not None else {}
-    if len(unit) == 1:
-        return [deploy_one(inventory, unit[0], data, window, env, log, **kw)]
-    return deploy_group(inventory, unit, data, window, env, log, **kw)
 
 
 # ---------------------------------------------------------------------------- weights fan-out
@@ -590,7 +560,7 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 def one(u):
                     # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
                     extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
-                    done = _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
+                    done = deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
                     # back at the gateway: a canary at its first step's share, any other host at full weight
                     ok = all(r.result == "ok" for r in done)
                     weights[u[0]] = gw.ready(u, canary_steps[0] if is_canary and ok else None, len(group))
