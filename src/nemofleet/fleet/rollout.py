@@ -15,8 +15,10 @@ import json
 import math
 import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .. import canary as gate_math
@@ -73,13 +75,14 @@ class HostState:
     release: str | None
     units: str | None
 
-    def changed_from(self, other: "HostState") -> bool:
-        return (self.release, self.units) != (other.release, other.units)
-
 
 def read_state(inventory: str, host: str) -> HostState | None:
     """The host's release id and unit digest, or None when the host does not answer."""
-    e = driver.on_host(inventory, host, commands.release_read(), timeout=60)
+    return _state(driver.on_host(inventory, host, commands.release_read(), timeout=60))
+
+
+def _state(e: driver.Exec) -> HostState | None:
+    """commands.release_read()'s answer (over a pyinfra process or a kept connection) as a HostState."""
     if not e.reachable:
         return None
     kv = lockinfo.parse(e.lines())
@@ -124,29 +127,24 @@ def rollback_host(inventory: str, host: str, expect: str | None = None, window: 
     return e.rc == 0, (e.lines() or [""])[-1]
 
 
-class ticking:
+@contextmanager
+def ticking(log, label: str):
     """A heartbeat line every 10 s while a silent step runs (a thread; no-op without a log)."""
+    if not log:
+        yield
+        return
+    beat, stop = driver.Heartbeat(log, label, stage="running"), threading.Event()
 
-    def __init__(self, log, label: str):
-        import threading
-
-        self.beat = driver.Heartbeat(log, label, stage="running") if log else None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True) if log else None
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0) and self.beat is not None:
-            self.beat.beat()
-
-    def __enter__(self):
-        if self.thread:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        if self.thread:
-            self.thread.join(timeout=2)
+    def run() -> None:
+        while not stop.wait(1.0):
+            beat.beat()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
 
 
 def audit(inventory: str, host: str, event: str, detail: str) -> None:
@@ -222,7 +220,7 @@ def _recover(inventory: str, results: list[HostResult], before: dict, window: fl
     changed = []
     for res in results:
         after = read_state(inventory, res.host)
-        if after is not None and not after.changed_from(before[res.host]):
+        if after is not None and after == before[res.host]:
             res.new = after.release
             res.detail += "; the host still runs its release (nothing to roll back)"
         elif not before[res.host].release:
@@ -389,10 +387,9 @@ def own_window(start: dict[str, Reading], before: dict[str, Reading], hosts: lis
     deploy; when that served too few requests, all the old instances served since they started."""
     w = gate_math.Window()
     for h in hosts:
-        for n, samples in (start.get(h) or Reading()).instances.items():
-            w.add(f"{h}/{n}", samples)
-        for n, samples in (before.get(h) or Reading()).instances.items():
-            w.add(f"{h}/{n}", samples)
+        for read in (start, before):
+            for n, samples in (read.get(h) or Reading()).instances.items():
+                w.add(f"{h}/{n}", samples)
     f = w.figures()
     if f.requests >= slo.min_requests:
         return f, "the same hosts' own window before the deploy (since the rollout started)"
@@ -553,7 +550,8 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 seeds = _seeds(fan, [u[0] for u in todo], log)
                 before = read_metrics(session, group) if session is not None and bake_seconds > 0 else {}
                 # what each host runs before its deploy, over the kept connections: Ctrl-C's rollback needs it
-                pre = _releases(session, group) if session is not None else {}
+                pre = {h: st.release for h in (group if session is not None else [])
+                       if (st := _state(session.run(h, commands.release_read(), timeout=60)))}
 
                 is_canary = bool(canary and n == 0 and bake_seconds > 0 and gw)
 
@@ -638,15 +636,6 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
             session.close()
         gw.__exit__(None, None, None)  # a host this run drained and did not set ready again is set ready
     return outcome
-
-
-def _releases(session, hosts: list[str]) -> dict[str, str | None]:
-    out = {}
-    for h in hosts:
-        e = session.run(h, commands.release_read(), timeout=60)
-        if e.reachable:
-            out[h] = lockinfo.parse(e.lines()).get("id") or None
-    return out
 
 
 def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, window: float, log,
