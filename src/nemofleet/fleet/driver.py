@@ -76,20 +76,22 @@ def run(inventory: str, hosts: list[str], *args: str, data: dict | None = None, 
         env: dict | None = None, beat: "Heartbeat | None" = None) -> Result:
     """Run pyinfra on `hosts`; never raises for a failure or a timeout of the run itself. With a
     heartbeat, pyinfra's output is read as it comes and its stages go to the heartbeat."""
-    if beat is not None:
-        return run_streamed(inventory, hosts, *args, data=data, timeout=timeout, env=env, beat=beat)
     cmd = argv(inventory, hosts, list(args), data)
     full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-        return Result(p.returncode, p.stdout, p.stderr, seconds=time.time() - t0)
+        if beat is None:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+            return Result(p.returncode, p.stdout, p.stderr, seconds=time.time() - t0)
+        streamed = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                                    stdin=subprocess.DEVNULL, errors="replace")
     except subprocess.TimeoutExpired as exc:
         return Result(TIMEOUT_RC, _text(exc.stdout), _text(exc.stderr) + f"\npyinfra timed out after {timeout:.0f}s",
                       timed_out=True, seconds=time.time() - t0)
     except OSError as exc:
         return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
+    return _streamed(streamed, t0, timeout, beat)
 
 
 def connected(out: str, host: str) -> bool:
@@ -385,27 +387,18 @@ def stage_of(line: str) -> str | None:
     return None
 
 
-def run_streamed(inventory: str, hosts: list[str], *args: str, data: dict | None = None, timeout: float = 600,
-                 env: dict | None = None, beat: Heartbeat | None = None) -> Result:
+def _streamed(p: subprocess.Popen, t0: float, timeout: float, beat: Heartbeat) -> Result:
     """run(), with pyinfra's output read as it comes: each stage it announces goes to `beat`,
     which also ticks every second (stdout and stderr are one stream here)."""
     import threading
 
-    cmd = argv(inventory, hosts, list(args), data)
-    full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
-    t0 = time.time()
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                             stdin=subprocess.DEVNULL, errors="replace")
-    except OSError as exc:
-        return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
     lines: list[str] = []
 
     def read():
         for line in p.stdout:  # type: ignore[union-attr]
             lines.append(line)
             st = stage_of(line)
-            if st and beat is not None:
+            if st:
                 beat.set(st)
 
     reader = threading.Thread(target=read, daemon=True)
@@ -416,8 +409,7 @@ def run_streamed(inventory: str, hosts: list[str], *args: str, data: dict | None
             p.kill()
             timed_out = True
             break
-        if beat is not None:
-            beat.beat()
+        beat.beat()
         time.sleep(1)
     p.wait()
     reader.join(timeout=5)
