@@ -55,11 +55,8 @@ class BundleError(Exception):
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _size(n: int) -> str:
@@ -191,10 +188,8 @@ class Bundle:
         self.parts = {p["path"]: p for p in self.manifest["parts"]}
 
     def read(self, name: str) -> bytes:
-        offset, size = self.members[name]
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
+        with self.part(name) as f:
+            return f.read()
 
     def part(self, name: str) -> Part:
         offset, size = self.members[name]
@@ -233,11 +228,9 @@ class Bundle:
             p = self.parts[name]
             if name not in self.members or self.members[name][1] != p["size"]:
                 raise BundleError(f"the bundle {self.path} lacks its part {name} (or it has another size): refused")
-            h = hashlib.sha256()
             with self.part(name) as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    h.update(chunk)
-            if h.hexdigest() != p["sha256"]:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            if digest != p["sha256"]:
                 raise BundleError(f"the bundle's part {name} does not match its SHA-256 in the signed manifest "
                                   "(a changed or damaged byte): refused")
             say(f"ok {name} ({_size(p['size'])})")
