@@ -62,15 +62,6 @@ def check_token(token: str) -> str:
     return token
 
 
-def new_token() -> str:
-    return secrets.token_hex(TOKEN_HEX // 2)
-
-
-def held_sentence(host: str, info: dict | None) -> str:
-    return (f"{host} is locked by {lockinfo.describe(info or {})}; wait for it (`nemofleet lock status`) "
-            "or, if it is abandoned, break it with `nemofleet lock release --force`")
-
-
 @dataclass
 class Held:
     """A lock this process took (`acquired`) or runs under (`owned`: taken earlier with the same token)."""
@@ -105,7 +96,7 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
             token: str | None = None, log=print) -> Held:
     """Take the lock on every host at once; on any refusal give back what was taken and raise."""
     given = token or os.environ.get(LOCK_TOKEN_ENV)
-    held = Held(inventory, check_token(given) if given else new_token(), ttl)
+    held = Held(inventory, check_token(given) if given else secrets.token_hex(TOKEN_HEX // 2), ttl)
     answers = driver.exec_all(inventory, hosts, commands.lock_acquire(driver.operator(), held.token, ttl, message),
                               LOCK_TIMEOUT)
     problems = []
@@ -121,7 +112,8 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
         elif state == "OWNED":
             held.owned.append(h)
         elif state == "HELD":
-            problems.append(held_sentence(h, lockinfo.holder_info(out)))
+            problems.append(f"{h} is locked by {lockinfo.describe(lockinfo.holder_info(out) or {})}; wait for it "
+                            "(`nemofleet lock status`) or, if it is abandoned, break it with `nemofleet lock release --force`")
         else:
             problems.append(f"could not take the deploy lock on {h}: {lockinfo.said(e.text)}")
     if problems:
