@@ -485,14 +485,6 @@ def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window
         gw.ready([r.host for r in todo])
 
 
-def _open_session(inventory: str, hosts: list[str], log):
-    try:
-        return driver.Session(inventory, hosts)
-    except Exception as exc:  # noqa: BLE001 - without it every poll is a pyinfra process, as before
-        log(f"  (no kept connections: {str(exc)[:120]}; polling with a pyinfra process per poll)")
-        return None
-
-
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print, bake_seconds: float = 0, slo: "gate_math.Slo | None" = None,
@@ -532,7 +524,11 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
     if canary and bake_seconds > 0 and not gw:
         log("  the canary takes a full host's share of the requests: no gateway drains and weighs hosts here "
             "(traffic cannot be shifted by weight)")
-    session = _open_session(inventory, reachable, log)
+    try:
+        session: driver.Session | None = driver.Session(inventory, reachable)
+    except Exception as exc:  # noqa: BLE001 - without it every poll is a pyinfra process, as before
+        log(f"  (no kept connections: {str(exc)[:120]}; polling with a pyinfra process per poll)")
+        session = None
     start = read_metrics(session, reachable) if session is not None and bake_seconds > 0 else {}
     try:
         with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
@@ -550,8 +546,8 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 seeds = _seeds(fan, [u[0] for u in todo], log)
                 before = read_metrics(session, group) if session is not None and bake_seconds > 0 else {}
                 # what each host runs before its deploy, over the kept connections: Ctrl-C's rollback needs it
-                pre = {h: st.release for h in (group if session is not None else [])
-                       if (st := _state(session.run(h, commands.release_read(), timeout=60)))}
+                pre = {h: st.release for h in group
+                       if session is not None and (st := _state(session.run(h, commands.release_read(), timeout=60)))}
 
                 is_canary = bool(canary and n == 0 and bake_seconds > 0 and gw)
 
