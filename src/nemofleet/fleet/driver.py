@@ -94,21 +94,19 @@ def run(inventory: str, hosts: list[str], *args: str, data: dict | None = None, 
     return _streamed(streamed, t0, timeout, beat)
 
 
+def _host_said(out: str, host: str, what: str = r"\S.*") -> str | None:
+    """The first line pyinfra printed about `host` that is `what` (`    [host] Could not resolve hostname ...`)."""
+    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+({what})$", out, re.M)
+    return m.group(1).strip() if m else None
+
+
 def connected(out: str, host: str) -> bool:
-    return re.search(rf"^\s*\[{re.escape(host)}\]\s+Connected\s*$", out, re.M) is not None
-
-
-def _host_said(out: str, host: str) -> str | None:
-    """The first line pyinfra printed about `host` (`    [host] Could not resolve hostname ...`)."""
-    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(\S.*)$", out, re.M)
-    return m.group(1).strip()[:300] if m else None
+    return _host_said(out, host, r"Connected\s*") is not None
 
 
 def _connect_error(r: Result, host: str) -> str:
-    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(Could not connect.*)$", r.out, re.M)
-    if m:
-        return m.group(1).strip()
-    return "timed out before connecting" if r.timed_out else f"no answer: {r.out.strip()[-200:]}"
+    return _host_said(r.out, host, "Could not connect.*") or (
+        "timed out before connecting" if r.timed_out else f"no answer: {r.out.strip()[-200:]}")
 
 
 def _host_lines(out: str, host: str) -> list[str]:
@@ -257,7 +255,7 @@ def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float 
     try:
         data = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     except ValueError:
-        said = {h: _host_said(r.out, h) for h in names}
+        said = {h: (_host_said(r.out, h) or "")[:300] for h in names}
         if any(said.values()):  # no host answered: one sentence per host, as pyinfra said it
             raise FleetError(f"no host of {inventory} answered:" + "".join(
                 f"\n  {h}: {why or 'no answer'}" for h, why in said.items())) from None
