@@ -323,11 +323,6 @@ def _hashed(b: Bundle, name: str) -> str | None:
     return None
 
 
-def _part_problem(b: Bundle, name: str) -> str | None:
-    with _HASHING:
-        return _hashed(b, name)
-
-
 def preflight(want, s, facts, toolkit=(), dry: bool = False) -> tuple[Bundle | None, list[Refusal], list[str]]:
     """The deploy's bundle refusals for one host, before anything changes: a bad signature or
     signer, a part its plan needs that the bundle lacks, or a toolkit .deb this host is about to
@@ -349,7 +344,9 @@ def preflight(want, s, facts, toolkit=(), dry: bool = False) -> tuple[Bundle | N
     names = list(takes) if dry else []
     if s.install_container_toolkit and (facts.toolkit.version or "") != (s.container_toolkit_version or "").split("-")[0]:
         names += [p["path"] for p in b.find("package", version=s.container_toolkit_version)]
-    return b, [Refusal(why, "bundle") for why in (_part_problem(b, n) for n in names) if why][:1], takes
+    with _HASHING:  # one host hashes at a time; _hashed keeps each part's answer for the run
+        problems = [why for why in (_hashed(b, n) for n in names) if why]
+    return b, [Refusal(why, "bundle") for why in problems][:1], takes
 
 
 class Staging:
