@@ -17,6 +17,7 @@ from ..lockinfo import operator  # noqa: F401  (the one operator(): fleet comman
 from ..valuetypes import host_number
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -155,11 +156,11 @@ def _inventory(inventory: str):
     return inv
 
 
-def _select(inv, inventory: str, limit: list[str]) -> list:
+def _select(inventory: str, limit: list[str] | None) -> list:
     """Hosts matching `--limit` the way pyinfra matches it (a group name, else a glob on host
     names), in inventory order. An empty inventory or a pattern that matches nothing is an error:
     a rollout of nothing must not succeed silently."""
-    everyone = list(inv)
+    everyone = list(_inventory(inventory))
     if not everyone:
         raise FleetError(f"{inventory} has no hosts")
     if not limit:
@@ -187,14 +188,13 @@ def _merged(h) -> dict:
 
 def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]:
     """Merged host data per host (group data, then the host's own), in inventory order."""
-    return {h.name: _merged(h) for h in _select(_inventory(inventory), inventory, list(limit or []))}
+    return {h.name: _merged(h) for h in _select(inventory, limit)}
 
 
 def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, list[str]]:
     """The inventory groups of each host, as pyinfra lists them (a host listed twice in one group
     appears there twice)."""
-    inv = _inventory(inventory)
-    return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
+    return {h.name: list(h.groups or []) for h in _select(inventory, limit)}
 
 
 from .. import inputs, spec  # noqa: E402
@@ -203,7 +203,7 @@ from ..spec import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: r
 
 def host_specs(inventory: str, limit: list[str] | None = None) -> dict:
     """{host: spec.HostSpec} of the selected hosts, read once (the edge: data and secrets typed)."""
-    hosts = list(_select(_inventory(inventory), inventory, list(limit or [])))
+    hosts = _select(inventory, limit)
     return spec.read_all({h.name: _merged(h) for h in hosts}, {h.name: list(h.groups or []) for h in hosts})
 
 
@@ -298,8 +298,6 @@ class Session:
     connection). Calls on different hosts may run in parallel; one host's calls are serialised."""
 
     def __init__(self, inventory: str, hosts: list[str]):
-        import threading
-
         inv = _inventory(inventory)
         self.hosts = {h.name: h for h in inv if h.name in set(hosts)}
         missing = [h for h in hosts if h not in self.hosts]
@@ -388,8 +386,6 @@ def stage_of(line: str) -> str | None:
 def _streamed(p: subprocess.Popen, t0: float, timeout: float, beat: Heartbeat) -> Result:
     """run(), with pyinfra's output read as it comes: each stage it announces goes to `beat`,
     which also ticks every second (stdout and stderr are one stream here)."""
-    import threading
-
     lines: list[str] = []
 
     def read():
