@@ -55,11 +55,8 @@ class BundleError(Exception):
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _size(n: int) -> str:
@@ -191,10 +188,8 @@ class Bundle:
         self.parts = {p["path"]: p for p in self.manifest["parts"]}
 
     def read(self, name: str) -> bytes:
-        offset, size = self.members[name]
-        with open(self.path, "rb") as f:
-            f.seek(offset)
-            return f.read(size)
+        with self.part(name) as f:
+            return f.read()
 
     def part(self, name: str) -> Part:
         offset, size = self.members[name]
@@ -233,11 +228,9 @@ class Bundle:
             p = self.parts[name]
             if name not in self.members or self.members[name][1] != p["size"]:
                 raise BundleError(f"the bundle {self.path} lacks its part {name} (or it has another size): refused")
-            h = hashlib.sha256()
             with self.part(name) as f:
-                for chunk in iter(lambda: f.read(CHUNK), b""):
-                    h.update(chunk)
-            if h.hexdigest() != p["sha256"]:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            if digest != p["sha256"]:
                 raise BundleError(f"the bundle's part {name} does not match its SHA-256 in the signed manifest "
                                   "(a changed or damaged byte): refused")
             say(f"ok {name} ({_size(p['size'])})")
@@ -330,11 +323,6 @@ def _hashed(b: Bundle, name: str) -> str | None:
     return None
 
 
-def _part_problem(b: Bundle, name: str) -> str | None:
-    with _HASHING:
-        return _hashed(b, name)
-
-
 def preflight(want, s, facts, toolkit=(), dry: bool = False) -> tuple[Bundle | None, list[Refusal], list[str]]:
     """The deploy's bundle refusals for one host, before anything changes: a bad signature or
     signer, a part its plan needs that the bundle lacks, or a toolkit .deb this host is about to
@@ -356,7 +344,9 @@ def preflight(want, s, facts, toolkit=(), dry: bool = False) -> tuple[Bundle | N
     names = list(takes) if dry else []
     if s.install_container_toolkit and (facts.toolkit.version or "") != (s.container_toolkit_version or "").split("-")[0]:
         names += [p["path"] for p in b.find("package", version=s.container_toolkit_version)]
-    return b, [Refusal(why, "bundle") for why in (_part_problem(b, n) for n in names) if why][:1], takes
+    with _HASHING:  # one host hashes at a time; _hashed keeps each part's answer for the run
+        problems = [why for why in (_hashed(b, n) for n in names) if why]
+    return b, [Refusal(why, "bundle") for why in problems][:1], takes
 
 
 class Staging:

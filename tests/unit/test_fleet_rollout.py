@@ -144,7 +144,7 @@ OLD, NEW = HostState("aaaaaaaaaaaa", "u1"), HostState("bbbbbbbbbbbb", "u2")
 
 def test_refused_deploy_that_changed_nothing_is_not_rolled_back(monkeypatch):
     fake = FakeHost(monkeypatch, [OLD, OLD], deploy_rc=1)
-    res = rollout.deploy_one("inv", "h", {}, 60, {"NEMOFLEET_LOCK_TOKEN": "t"})
+    res, = rollout.deploy_unit("inv", ["h"], {}, 60, {"NEMOFLEET_LOCK_TOKEN": "t"})
     assert res.result == "failed" and "nothing to roll back" in res.detail
     assert not [c for c in fake.calls if c[0] == "rollback"]
     assert fake.calls[0] == ("deploy", {"NEMOFLEET_LOCK_TOKEN": "t"})
@@ -153,25 +153,25 @@ def test_refused_deploy_that_changed_nothing_is_not_rolled_back(monkeypatch):
 
 def test_failed_gate_on_an_unchanged_release_is_not_rolled_back(monkeypatch):
     fake = FakeHost(monkeypatch, [OLD, OLD, OLD], healthy=(False,))
-    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    res, = rollout.deploy_unit("inv", ["h"], {}, 60, {})
     assert res.result == "failed" and not [c for c in fake.calls if c[0] == "rollback"]
 
 
 def test_changed_host_that_fails_the_gate_goes_back_to_the_release_it_replaced(monkeypatch):
     fake = FakeHost(monkeypatch, [OLD, NEW, NEW, OLD], healthy=(False, True))
-    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    res, = rollout.deploy_unit("inv", ["h"], {}, 60, {})
     assert ("rollback", "aaaaaaaaaaaa") in fake.calls and res.result == "rolled back" and res.new == "aaaaaaaaaaaa"
 
 
 def test_units_changed_without_a_new_record_still_rolls_back(monkeypatch):
     fake = FakeHost(monkeypatch, [OLD, HostState("aaaaaaaaaaaa", "u9"), OLD], deploy_rc=1)
-    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    res, = rollout.deploy_unit("inv", ["h"], {}, 60, {})
     assert ("rollback", "aaaaaaaaaaaa") in fake.calls and res.result == "rolled back"
 
 
 def test_timed_out_deploy_rolls_back_and_audits(monkeypatch):
     fake = FakeHost(monkeypatch, [OLD, NEW, OLD], deploy_rc=124, timed_out=True)
-    res = rollout.deploy_one("inv", "h", {}, 60, {})
+    res, = rollout.deploy_unit("inv", ["h"], {}, 60, {})
     assert res.result == "rolled back" and "deploy timed out" in res.detail
     assert fake.calls[-1][0] == "audit"
 
@@ -185,10 +185,11 @@ def test_rollout_halts_after_the_budget_and_leaves_the_rest_untouched(monkeypatc
                                  if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
     seen = []
 
-    def deploy(inv, h, data, window, env, log=print):
+    def deploy(inv, members, data, window, env, log=print, session=None):
+        h, = members
         seen.append(h)
-        return rollout.HostResult(h, "x", "x", "ok" if h == "a" else "rolled back")
-    monkeypatch.setattr(rollout, "deploy_one", deploy)
+        return [rollout.HostResult(h, "x", "x", "ok" if h == "a" else "rolled back")]
+    monkeypatch.setattr(rollout, "deploy_unit", deploy)
     o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None)
     assert seen == ["a", "b"] and o.halted and "halted after batch 1" in o.reason
     assert [r.result for r in o.results] == ["ok", "rolled back", "not reached"] and not o.ok
@@ -214,8 +215,7 @@ def test_rollout_batches_count_a_group_as_one_unit(monkeypatch):
                         {h: Exec(h, 0, "state=ACQUIRED" if lock_action(script) == "acquire" else "state=REFRESHED"
                                  if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
     seen = []
-    monkeypatch.setattr(rollout, "deploy_one", lambda inv, h, *a, **k: seen.append([h]) or rollout.HostResult(h, result="ok"))
-    monkeypatch.setattr(rollout, "deploy_group", lambda inv, m, *a, **k: seen.append(m) or [rollout.HostResult(h, result="ok") for h in m])
+    monkeypatch.setattr(rollout, "deploy_unit", lambda inv, m, *a, **k: seen.append(m) or [rollout.HostResult(h, result="ok") for h in m])
     o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None)
     assert seen == [["h1"], ["g1", "g2"], ["h2"]] and o.ok
 
@@ -229,7 +229,7 @@ def test_failed_group_gate_rolls_back_every_changed_member_together(monkeypatch)
     monkeypatch.setattr(rollout, "gate", lambda inv, h, *a, **k: calls.append(("gate", h)) or (gates.pop(0), "g"))
     monkeypatch.setattr(rollout, "rollback_host", lambda inv, h, expect=None, window=60: calls.append(("rollback", h, expect)) or (True, "back"))
     monkeypatch.setattr(rollout, "audit", lambda *a: None)
-    res = rollout.deploy_group("inv", ["g1", "g2"], {}, 60, {})
+    res = rollout.deploy_unit("inv", ["g1", "g2"], {}, 60, {})
     assert calls[0] == ("deploy", ("g1", "g2")) and calls[1] == ("gate", "g1")  # one deploy, the head gated first
     assert {c for c in calls if c[0] == "rollback"} == {("rollback", "g1", OLD.release), ("rollback", "g2", OLD.release)}
     assert [r.result for r in res] == ["rolled back", "rolled back"] and calls[-1] == ("gate", "g1")
@@ -342,10 +342,11 @@ def _fan_rollout(monkeypatch, names, holds=(), fail=(), datas=None, **kw):
     monkeypatch.setattr(driver, "exec_all", exec_all)
     calls = []
 
-    def deploy(inv, h, data, window, env, log=print):
+    def deploy(inv, members, data, window, env, log=print, session=None):
+        h, = members
         calls.append((h, data.get("weights_seed_from")))
-        return rollout.HostResult(h, "x", "y", "failed" if h in fail else "ok")
-    monkeypatch.setattr(rollout, "deploy_one", deploy)
+        return [rollout.HostResult(h, "x", "y", "failed" if h in fail else "ok")]
+    monkeypatch.setattr(rollout, "deploy_unit", deploy)
     lines = []
     o = rollout.rollout("inv", log=lines.append, **kw)
     return o, calls, lines, probes
@@ -436,15 +437,16 @@ class FakeFleet:
                                      if lock_action(script) == "refresh" else "state=RELEASED") for h in hosts})
         monkeypatch.setattr(driver, "Session", lambda inv, hosts: self)
         monkeypatch.setattr(rollout, "audit", lambda inv, h, event, detail: self.calls.append(("audit", h, event, detail)))
-        monkeypatch.setattr(rollout, "deploy_one", self.deploy)
+        monkeypatch.setattr(rollout, "deploy_unit", self.deploy)
         monkeypatch.setattr(rollout, "rollback_host", self.rollback)
         monkeypatch.setattr(rollout, "gate", lambda *a, **k: (True, "healthy"))
         monkeypatch.setattr(rollout, "read_state", lambda inv, h: HostState(self.release[h], "u"))
 
-    def deploy(self, inv, h, data, window, env, log=print, session=None):
+    def deploy(self, inv, members, data, window, env, log=print, session=None):
+        h, = members
         self.calls.append(("deploy", h))
         self.release[h], self.n[h] = "new", 0  # the new instance's counters start at zero
-        return rollout.HostResult(h, "old", "new", "ok")
+        return [rollout.HostResult(h, "old", "new", "ok")]
 
     def rollback(self, inv, h, expect=None, window=60):
         self.calls.append(("rollback", h, expect))
@@ -567,10 +569,10 @@ def test_ctrl_c_during_a_batch_rolls_it_back_and_releases_the_lock(monkeypatch):
     real_release = lock.release
     monkeypatch.setattr(lock, "release", lambda held, log=print: released.append(True) or real_release(held, log=log))
 
-    def deploy(inv, h, data, window, env, log=print, session=None):
-        fleet.release[h] = "new"  # the deploy changed the host, then the operator pressed Ctrl-C
+    def deploy(inv, members, data, window, env, log=print, session=None):
+        fleet.release[members[0]] = "new"  # the deploy changed the host, then the operator pressed Ctrl-C
         raise KeyboardInterrupt
-    monkeypatch.setattr(rollout, "deploy_one", deploy)
+    monkeypatch.setattr(rollout, "deploy_unit", deploy)
     o = rollout.rollout("inv", canary=1, batch="1", log=lambda *_: None, bake_seconds=10)
     assert o.interrupted and o.result == "halted" and "interrupted (Ctrl-C)" in o.reason
     assert ("rollback", "a", "old") in fleet.calls and o.results[0].result == "rolled back"

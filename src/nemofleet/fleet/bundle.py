@@ -78,11 +78,8 @@ def _get(url: str, dest: str | None = None):
 
 
 def _git_blob_sha1(path: str) -> str:
-    h = hashlib.sha1(b"blob %d\0" % os.path.getsize(path))
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, lambda: hashlib.sha1(b"blob %d\0" % os.path.getsize(path))).hexdigest()
 
 
 class _Stage:

@@ -17,6 +17,7 @@ from ..lock.info import operator  # noqa: F401  (the one operator(): fleet comma
 from ..valuetypes import host_number
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -76,37 +77,37 @@ def run(inventory: str, hosts: list[str], *args: str, data: dict | None = None, 
         env: dict | None = None, beat: "Heartbeat | None" = None) -> Result:
     """Run pyinfra on `hosts`; never raises for a failure or a timeout of the run itself. With a
     heartbeat, pyinfra's output is read as it comes and its stages go to the heartbeat."""
-    if beat is not None:
-        return run_streamed(inventory, hosts, *args, data=data, timeout=timeout, env=env, beat=beat)
     cmd = argv(inventory, hosts, list(args), data)
     full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-        return Result(p.returncode, p.stdout, p.stderr, seconds=time.time() - t0)
+        if beat is None:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+            return Result(p.returncode, p.stdout, p.stderr, seconds=time.time() - t0)
+        streamed = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
+                                    stdin=subprocess.DEVNULL, errors="replace")
     except subprocess.TimeoutExpired as exc:
         return Result(TIMEOUT_RC, _text(exc.stdout), _text(exc.stderr) + f"\npyinfra timed out after {timeout:.0f}s",
                       timed_out=True, seconds=time.time() - t0)
     except OSError as exc:
         return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
+    return _streamed(streamed, t0, timeout, beat)
+
+
+def _host_said(out: str, host: str, what: str = r"\S.*") -> str | None:
+    """The first line pyinfra printed about `host` that is `what` (`    [host] Could not resolve hostname ...`)."""
+    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+({what})$", out, re.M)
+    return m.group(1).strip() if m else None
 
 
 def connected(out: str, host: str) -> bool:
-    return re.search(rf"^\s*\[{re.escape(host)}\]\s+Connected\s*$", out, re.M) is not None
-
-
-def _host_said(out: str, host: str) -> str | None:
-    """The first line pyinfra printed about `host` (`    [host] Could not resolve hostname ...`)."""
-    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(\S.*)$", out, re.M)
-    return m.group(1).strip()[:300] if m else None
+    return _host_said(out, host, r"Connected\s*") is not None
 
 
 def _connect_error(r: Result, host: str) -> str:
-    m = re.search(rf"^\s*\[{re.escape(host)}\]\s+(Could not connect.*)$", r.out, re.M)
-    if m:
-        return m.group(1).strip()
-    return "timed out before connecting" if r.timed_out else f"no answer: {r.out.strip()[-200:]}"
+    return _host_said(r.out, host, "Could not connect.*") or (
+        "timed out before connecting" if r.timed_out else f"no answer: {r.out.strip()[-200:]}")
 
 
 def _host_lines(out: str, host: str) -> list[str]:
@@ -155,11 +156,11 @@ def _inventory(inventory: str):
     return inv
 
 
-def _select(inv, inventory: str, limit: list[str]) -> list:
+def _select(inventory: str, limit: list[str] | None) -> list:
     """Hosts matching `--limit` the way pyinfra matches it (a group name, else a glob on host
     names), in inventory order. An empty inventory or a pattern that matches nothing is an error:
     a rollout of nothing must not succeed silently."""
-    everyone = list(inv)
+    everyone = list(_inventory(inventory))
     if not everyone:
         raise FleetError(f"{inventory} has no hosts")
     if not limit:
@@ -187,14 +188,13 @@ def _merged(h) -> dict:
 
 def host_data(inventory: str, limit: list[str] | None = None) -> dict[str, dict]:
     """Merged host data per host (group data, then the host's own), in inventory order."""
-    return {h.name: _merged(h) for h in _select(_inventory(inventory), inventory, list(limit or []))}
+    return {h.name: _merged(h) for h in _select(inventory, limit)}
 
 
 def host_groups(inventory: str, limit: list[str] | None = None) -> dict[str, list[str]]:
     """The inventory groups of each host, as pyinfra lists them (a host listed twice in one group
     appears there twice)."""
-    inv = _inventory(inventory)
-    return {h.name: list(h.groups or []) for h in _select(inv, inventory, list(limit or []))}
+    return {h.name: list(h.groups or []) for h in _select(inventory, limit)}
 
 
 from .. import inputs, spec  # noqa: E402
@@ -203,7 +203,7 @@ from ..spec import GATEWAY_GROUP  # noqa: E402  fleet gateways serve no model: r
 
 def host_specs(inventory: str, limit: list[str] | None = None) -> dict:
     """{host: spec.HostSpec} of the selected hosts, read once (the edge: data and secrets typed)."""
-    hosts = list(_select(_inventory(inventory), inventory, list(limit or [])))
+    hosts = _select(inventory, limit)
     return spec.read_all({h.name: _merged(h) for h in hosts}, {h.name: list(h.groups or []) for h in hosts})
 
 
@@ -255,7 +255,7 @@ def gather_facts(inventory: str, limit: list[str] | None = None, timeout: float 
     try:
         data = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
     except ValueError:
-        said = {h: _host_said(r.out, h) for h in names}
+        said = {h: (_host_said(r.out, h) or "")[:300] for h in names}
         if any(said.values()):  # no host answered: one sentence per host, as pyinfra said it
             raise FleetError(f"no host of {inventory} answered:" + "".join(
                 f"\n  {h}: {why or 'no answer'}" for h, why in said.items())) from None
@@ -298,8 +298,6 @@ class Session:
     connection). Calls on different hosts may run in parallel; one host's calls are serialised."""
 
     def __init__(self, inventory: str, hosts: list[str]):
-        import threading
-
         inv = _inventory(inventory)
         self.hosts = {h.name: h for h in inv if h.name in set(hosts)}
         missing = [h for h in hosts if h not in self.hosts]
@@ -385,27 +383,16 @@ def stage_of(line: str) -> str | None:
     return None
 
 
-def run_streamed(inventory: str, hosts: list[str], *args: str, data: dict | None = None, timeout: float = 600,
-                 env: dict | None = None, beat: Heartbeat | None = None) -> Result:
+def _streamed(p: subprocess.Popen, t0: float, timeout: float, beat: Heartbeat) -> Result:
     """run(), with pyinfra's output read as it comes: each stage it announces goes to `beat`,
     which also ticks every second (stdout and stderr are one stream here)."""
-    import threading
-
-    cmd = argv(inventory, hosts, list(args), data)
-    full_env = dict(os.environ, PYINFRA_PROGRESS="off", **(env or {}))
-    t0 = time.time()
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
-                             stdin=subprocess.DEVNULL, errors="replace")
-    except OSError as exc:
-        return Result(127, "", f"could not run {' '.join(cmd[:3])}: {exc}", seconds=time.time() - t0)
     lines: list[str] = []
 
     def read():
         for line in p.stdout:  # type: ignore[union-attr]
             lines.append(line)
             st = stage_of(line)
-            if st and beat is not None:
+            if st:
                 beat.set(st)
 
     reader = threading.Thread(target=read, daemon=True)
@@ -416,8 +403,7 @@ def run_streamed(inventory: str, hosts: list[str], *args: str, data: dict | None
             p.kill()
             timed_out = True
             break
-        if beat is not None:
-            beat.beat()
+        beat.beat()
         time.sleep(1)
     p.wait()
     reader.join(timeout=5)

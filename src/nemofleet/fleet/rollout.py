@@ -15,8 +15,10 @@ import json
 import math
 import re
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .. import canary as gate_math
@@ -74,13 +76,14 @@ class HostState:
     release: str | None
     units: str | None
 
-    def changed_from(self, other: "HostState") -> bool:
-        return (self.release, self.units) != (other.release, other.units)
-
 
 def read_state(inventory: str, host: str) -> HostState | None:
     """The host's release id and unit digest, or None when the host does not answer."""
-    e = driver.on_host(inventory, host, commands.release_read(), timeout=60)
+    return _state(driver.on_host(inventory, host, commands.release_read(), timeout=60))
+
+
+def _state(e: driver.Exec) -> HostState | None:
+    """commands.release_read()'s answer (over a pyinfra process or a kept connection) as a HostState."""
     if not e.reachable:
         return None
     kv = lockinfo.parse(e.lines())
@@ -125,29 +128,24 @@ def rollback_host(inventory: str, host: str, expect: str | None = None, window: 
     return e.rc == 0, (e.lines() or [""])[-1]
 
 
-class ticking:
+@contextmanager
+def ticking(log, label: str):
     """A heartbeat line every 10 s while a silent step runs (a thread; no-op without a log)."""
+    if not log:
+        yield
+        return
+    beat, stop = driver.Heartbeat(log, label, stage="running"), threading.Event()
 
-    def __init__(self, log, label: str):
-        import threading
-
-        self.beat = driver.Heartbeat(log, label, stage="running") if log else None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True) if log else None
-
-    def _run(self) -> None:
-        while not self.stop.wait(1.0) and self.beat is not None:
-            self.beat.beat()
-
-    def __enter__(self):
-        if self.thread:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        if self.thread:
-            self.thread.join(timeout=2)
+    def run() -> None:
+        while not stop.wait(1.0):
+            beat.beat()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=2)
 
 
 def audit(inventory: str, host: str, event: str, detail: str) -> None:
@@ -216,37 +214,6 @@ def _failure_line(out: str) -> str:
     return next((ln.strip() for ln in out.splitlines() if "refused" in ln or "rror" in ln), out.strip()[-200:])
 
 
-def deploy_one(inventory: str, host: str, data: dict, window: float, env: dict, log=print,
-               session: "driver.Session | None" = None) -> HostResult:
-    t0 = time.time()
-    before = read_state(inventory, host)
-    res = HostResult(host)
-    if before is None:
-        res.result, res.detail = "unreachable", "could not connect over SSH"
-        return res
-    res.old = before.release
-    # the gate waits for readiness; a front door's one-at-a-time restarts wait for each instance
-    # themselves, at most the startup window each (an instance that fails stops the deploy there)
-    r = driver.run(inventory, [host], DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
-                                                    "wait_ready": "false"},
-                   timeout=window + DEPLOY_SLACK, env=env,
-                   beat=driver.Heartbeat(log, f"{host}: deploying", stage="connecting"))
-    if r.rc != 0 and not driver.connected(r.out, host):
-        res.result, res.detail = "unreachable", "could not connect over SSH"
-    elif r.rc != 0:
-        res.result = "failed"
-        res.detail = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
-    else:
-        ok, detail = gate(inventory, host, window, log=log, session=session)
-        res.result, res.detail = ("ok", detail) if ok else ("failed", f"health gate: {detail}")
-        res.new = (read_state(inventory, host) or HostState(None, None)).release
-    if res.result == "failed":
-        _recover(inventory, [res], {host: before}, window, log)
-    res.seconds = time.time() - t0
-    audit(inventory, host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}")
-    return res
-
-
 def _recover(inventory: str, results: list[HostResult], before: dict, window: float, log) -> None:
     """After a failed deploy or gate, of one host or of a group: only a host the deploy changed is
     rolled back, every member to the release it replaced, all together (the members of one model
@@ -254,7 +221,7 @@ def _recover(inventory: str, results: list[HostResult], before: dict, window: fl
     changed = []
     for res in results:
         after = read_state(inventory, res.host)
-        if after is not None and not after.changed_from(before[res.host]):
+        if after is not None and after == before[res.host]:
             res.new = after.release
             res.detail += "; the host still runs its release (nothing to roll back)"
         elif not before[res.host].release:
@@ -276,12 +243,13 @@ def _recover(inventory: str, results: list[HostResult], before: dict, window: fl
         res.new = (read_state(inventory, res.host) or HostState(None, None)).release
 
 
-def deploy_group(inventory: str, members: list[str], data: dict, window: float, env: dict,
-                 log=print, session: "driver.Session | None" = None) -> list[HostResult]:
-    """A multi-node serving group as one unit: one deploy over all its members, the gate on the
-    head (its /health answers only with every member joined) and then on each worker; a failure
-    rolls back every member it changed."""
+def deploy_unit(inventory: str, members: list[str], data: dict, window: float, env: dict,
+                log=print, session: "driver.Session | None" = None) -> list[HostResult]:
+    """A deploy unit (a host, or a multi-node serving group as one): one deploy over all its
+    members, the gate on the head (its /health answers only with every member joined) and then on
+    each worker; a failure rolls back every member it changed."""
     t0 = time.time()
+    group = len(members) > 1
     before = {m: read_state(inventory, m) for m in members}
     results = [HostResult(m, old=(b.release if (b := before[m]) else None)) for m in members]
     lost = [m for m in members if before[m] is None]
@@ -291,37 +259,37 @@ def deploy_group(inventory: str, members: list[str], data: dict, window: float, 
             res.detail = ("could not connect over SSH" if res.host in lost else
                           f"serving group member {', '.join(lost)} is unreachable: the group deploys as one unit")
         return results
+    # the gate waits for readiness; a front door's one-at-a-time restarts wait for each instance
+    # themselves, at most the startup window each (an instance that fails stops the deploy there)
     r = driver.run(inventory, members, DEPLOY, data={"ready_timeout": str(max(1, int(window))), **data,
                                                      "wait_ready": "false"},
                    timeout=window + DEPLOY_SLACK, env=env,
                    beat=driver.Heartbeat(log, f"{', '.join(members)}: deploying", stage="connecting"))
     failed = None
-    if r.rc != 0:
+    if r.rc != 0 and not group and not driver.connected(r.out, members[0]):
+        results[0].result, results[0].detail = "unreachable", "could not connect over SSH"
+    elif r.rc != 0:
         failed = f"deploy timed out after {r.seconds:.0f}s" if r.timed_out else _failure_line(r.out)
     else:
         for m in members:  # the head first: it is ready only once the whole group has joined
             ok, detail = gate(inventory, m, window, log=log, session=session)
             if not ok:
-                failed = f"health gate on {m}: {detail}"
+                failed = f"health gate on {m}: {detail}" if group else f"health gate: {detail}"
                 break
+        done = "serving group up (gated on the head)" if group else detail
+        for res in results:  # a host's release is read after its gate; a failed group's after its rollback
+            if not (failed and group):
+                res.new = (read_state(inventory, res.host) or HostState(None, None)).release
     for res in results:
-        res.result, res.detail = ("failed", failed) if failed else ("ok", "serving group up (gated on the head)")
-        if not failed:
-            res.new = (read_state(inventory, res.host) or HostState(None, None)).release
+        if res.result != "unreachable":
+            res.result, res.detail = ("failed", failed) if failed else ("ok", done)
     if failed:
         _recover(inventory, results, before, window, log)
     for res in results:
         res.seconds = time.time() - t0
         audit(inventory, res.host, "rollout", f"{res.old or 'none'} -> {res.new or 'none'}: {res.result}"
-              f" (serving group {', '.join(members)})")
+              + (f" (serving group {', '.join(members)})" if group else ""))
     return results
-
-
-def _deploy_unit(inventory, unit, data, window, env, log, session=None) -> list[HostResult]:
-    kw = {"session": session} if session is not None else {}
-    if len(unit) == 1:
-        return [deploy_one(inventory, unit[0], data, window, env, log, **kw)]
-    return deploy_group(inventory, unit, data, window, env, log, **kw)
 
 
 # ---------------------------------------------------------------------------- weights fan-out
@@ -420,10 +388,9 @@ def own_window(start: dict[str, Reading], before: dict[str, Reading], hosts: lis
     deploy; when that served too few requests, all the old instances served since they started."""
     w = gate_math.Window()
     for h in hosts:
-        for n, samples in (start.get(h) or Reading()).instances.items():
-            w.add(f"{h}/{n}", samples)
-        for n, samples in (before.get(h) or Reading()).instances.items():
-            w.add(f"{h}/{n}", samples)
+        for read in (start, before):
+            for n, samples in (read.get(h) or Reading()).instances.items():
+                w.add(f"{h}/{n}", samples)
     f = w.figures()
     if f.requests >= slo.min_requests:
         return f, "the same hosts' own window before the deploy (since the rollout started)"
@@ -519,14 +486,6 @@ def _roll_back_batch(inventory: str, results: list[HostResult], why: str, window
         gw.ready([r.host for r in todo])
 
 
-def _open_session(inventory: str, hosts: list[str], log):
-    try:
-        return driver.Session(inventory, hosts)
-    except Exception as exc:  # noqa: BLE001 - without it every poll is a pyinfra process, as before
-        log(f"  (no kept connections: {str(exc)[:120]}; polling with a pyinfra process per poll)")
-        return None
-
-
 def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: int = 0, window: float = 1200,
             limit: list[str] | None = None, data: dict | None = None, message: str = "",
             ttl: int = lock.DEFAULT_TTL, log=print, bake_seconds: float = 0, slo: "gate_math.Slo | None" = None,
@@ -566,7 +525,11 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
     if canary and bake_seconds > 0 and not gw:
         log("  the canary takes a full host's share of the requests: no gateway drains and weighs hosts here "
             "(traffic cannot be shifted by weight)")
-    session = _open_session(inventory, reachable, log)
+    try:
+        session: driver.Session | None = driver.Session(inventory, reachable)
+    except Exception as exc:  # noqa: BLE001 - without it every poll is a pyinfra process, as before
+        log(f"  (no kept connections: {str(exc)[:120]}; polling with a pyinfra process per poll)")
+        session = None
     start = read_metrics(session, reachable) if session is not None and bake_seconds > 0 else {}
     try:
         with lock.with_lock(inventory, reachable, message or f"rollout by {driver.operator()}", ttl, log=log) as held:
@@ -584,14 +547,15 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
                 seeds = _seeds(fan, [u[0] for u in todo], log)
                 before = read_metrics(session, group) if session is not None and bake_seconds > 0 else {}
                 # what each host runs before its deploy, over the kept connections: Ctrl-C's rollback needs it
-                pre = _releases(session, group) if session is not None else {}
+                pre = {h: st.release for h in group
+                       if session is not None and (st := _state(session.run(h, commands.release_read(), timeout=60)))}
 
                 is_canary = bool(canary and n == 0 and bake_seconds > 0 and gw)
 
                 def one(u):
                     # the fan-out's sources reach the host as its weights_seed_from (JSON for --data)
                     extra = {"weights_seed_from": json.dumps(seeds[u[0]])} if seeds.get(u[0]) else {}
-                    done = _deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
+                    done = deploy_unit(inventory, u, {**(data or {}), **extra}, window, held.env(), log, session)
                     # back at the gateway: a canary at its first step's share, any other host at full weight
                     ok = all(r.result == "ok" for r in done)
                     weights[u[0]] = gw.ready(u, canary_steps[0] if is_canary and ok else None, len(group))
@@ -669,15 +633,6 @@ def rollout(inventory: str, *, batch: str = "1", canary: int = 0, max_failures: 
             session.close()
         gw.__exit__(None, None, None)  # a host this run drained and did not set ready again is set ready
     return outcome
-
-
-def _releases(session, hosts: list[str]) -> dict[str, str | None]:
-    out = {}
-    for h in hosts:
-        e = session.run(h, commands.release_read(), timeout=60)
-        if e.reachable:
-            out[h] = lockinfo.parse(e.lines()).get("id") or None
-    return out
 
 
 def _interrupted(inventory: str, outcome: Outcome, group: list[str], pre: dict, window: float, log,

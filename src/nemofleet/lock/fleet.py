@@ -52,6 +52,11 @@ def parse_ttl(text: str) -> int:
     return seconds
 
 
+def _ask(inventory: str, hosts: list[str], script: str) -> dict[str, tuple[driver.Exec, dict]]:
+    """One lock command on every host at once: {host: (its answer, its `key=value` lines parsed)}."""
+    return {h: (e, lockinfo.parse(e.lines())) for h, e in driver.exec_all(inventory, hosts, script, LOCK_TIMEOUT).items()}
+
+
 def check_token(token: str) -> str:
     """A lock token given from outside (NEMOFLEET_LOCK_TOKEN) must be one nemofleet made: a
     random secret of TOKEN_HEX hex digits. A guessable one (an operator's name) would let anyone
@@ -60,15 +65,6 @@ def check_token(token: str) -> str:
         raise FleetError(f"{LOCK_TOKEN_ENV} is not a lock token nemofleet made ({TOKEN_HEX} hex digits, printed "
                          "once by `nemofleet lock acquire`); unset it to take a new lock")
     return token
-
-
-def new_token() -> str:
-    return secrets.token_hex(TOKEN_HEX // 2)
-
-
-def held_sentence(host: str, info: dict | None) -> str:
-    return (f"{host} is locked by {lockinfo.describe(info or {})}; wait for it (`nemofleet lock status`) "
-            "or, if it is abandoned, break it with `nemofleet lock release --force`")
 
 
 @dataclass
@@ -91,9 +87,7 @@ class Held:
     def refresh(self) -> list[str]:
         """Push the expiry out on every host; one sentence per host where the lock was lost."""
         lost = []
-        for h, e in driver.exec_all(self.inventory, self.hosts, commands.lock_refresh(self.token, self.ttl),
-                                    LOCK_TIMEOUT).items():
-            out = lockinfo.parse(e.lines())
+        for h, (e, out) in _ask(self.inventory, self.hosts, commands.lock_refresh(self.token, self.ttl)).items():
             if out.get("state") != "REFRESHED" and e.reachable:
                 info = lockinfo.holder_info(out)
                 lost.append(f"the lock on {h} was lost" + (f" to {lockinfo.describe(info)}" if info else
@@ -105,13 +99,11 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
             token: str | None = None, log=print) -> Held:
     """Take the lock on every host at once; on any refusal give back what was taken and raise."""
     given = token or os.environ.get(LOCK_TOKEN_ENV)
-    held = Held(inventory, check_token(given) if given else new_token(), ttl)
-    answers = driver.exec_all(inventory, hosts, commands.lock_acquire(driver.operator(), held.token, ttl, message),
-                              LOCK_TIMEOUT)
+    held = Held(inventory, check_token(given) if given else secrets.token_hex(TOKEN_HEX // 2), ttl)
+    answers = _ask(inventory, hosts, commands.lock_acquire(driver.operator(), held.token, ttl, message))
     problems = []
     for h in hosts:
-        e = answers[h]
-        out = lockinfo.parse(e.lines())
+        e, out = answers[h]
         state = out.get("state")
         if state == "ACQUIRED":
             held.acquired.append(h)
@@ -121,7 +113,8 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
         elif state == "OWNED":
             held.owned.append(h)
         elif state == "HELD":
-            problems.append(held_sentence(h, lockinfo.holder_info(out)))
+            problems.append(f"{h} is locked by {lockinfo.describe(lockinfo.holder_info(out) or {})}; wait for it "
+                            "(`nemofleet lock status`) or, if it is abandoned, break it with `nemofleet lock release --force`")
         else:
             problems.append(f"could not take the deploy lock on {h}: {lockinfo.said(e.text)}")
     if problems:
@@ -132,9 +125,8 @@ def acquire(inventory: str, hosts: list[str], message: str, ttl: int = DEFAULT_T
 
 def release(held: Held, log=print) -> None:
     """Give back the hosts this process locked (a lock it only ran under stays with its holder)."""
-    for h, e in driver.exec_all(held.inventory, held.acquired, commands.lock_release(held.token),
-                                LOCK_TIMEOUT).items():
-        state = lockinfo.parse(e.lines()).get("state")
+    for h, (e, out) in _ask(held.inventory, held.acquired, commands.lock_release(held.token)).items():
+        state = out.get("state")
         if state not in ("RELEASED", "FREE"):
             log(f"warning: could not release the lock on {h} ({lockinfo.said(state or e.text)}); "
                 "`nemofleet lock status` shows it")
@@ -155,8 +147,7 @@ def status(inventory: str, hosts: list[str]) -> dict[str, dict | None]:
     """{host: info (with `now`, the host's clock) or None when free}; unreachable hosts answer
     {"error": sentence}."""
     out: dict[str, dict | None] = {}
-    for h, e in driver.exec_all(inventory, hosts, commands.lock_status(), LOCK_TIMEOUT).items():
-        parsed = lockinfo.parse(e.lines())
+    for h, (e, parsed) in _ask(inventory, hosts, commands.lock_status()).items():
         if not e.reachable or "state" not in parsed:
             out[h] = {"error": lockinfo.said(e.text)}
         elif parsed["state"] == "HELD":
@@ -171,8 +162,7 @@ def release_hosts(inventory: str, hosts: list[str], token: str | None, force: bo
     released: unreachable" for a host that did not answer, "NOT released: held by" for one whose
     lock is someone else's."""
     out = {}
-    for h, e in driver.exec_all(inventory, hosts, commands.lock_release(token, force), LOCK_TIMEOUT).items():
-        parsed = lockinfo.parse(e.lines())
+    for h, (e, parsed) in _ask(inventory, hosts, commands.lock_release(token, force)).items():
         state = parsed.get("state")
         if state == "RELEASED":
             broken = lockinfo.holder_info(parsed, "released_")
