@@ -188,19 +188,24 @@ def _instances(ctx: Ctx, layouts: list[Layout], identity: dict | None = None) ->
             if not INSTANCE_NAME.match(name):
                 raise PlanError(f"instance name {name!r} is not a valid container name")
             more = extra_args(per_instance[name], f"instance_extra_args.{name}", ctx.v) if name in per_instance else []
-            flags = planned_flags(ctx, lay.arch, lay.tp, lay.seqs, lay.batched, more)
-            validate(ctx, flags)
-            mem = memory_for(ctx, flags, lay.tp, lay.gpus[0].memory_mib * MIB, lay.seqs, lay.batched)
-            if not mem.fits:
-                raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
-                                "drop the flag that grows its memory")
-            out.append(Instance(
-                name=name, gpus=lay.groups[k], host_port=port,
-                tp=lay.tp, ep=lay.tp > 1 and ctx.model.moe, args=[ctx.model_path] + vllm_flags.render(flags),
-                memory=mem, max_model_len=ctx.mml, max_num_seqs=lay.seqs, arch=lay.arch.name,
-                gpu_label=gpu_table.label(lay.gpus[0]),
-            ))
+            out.append(instance(ctx, name, lay.groups[k], port, lay.arch, lay.tp, lay.seqs, lay.batched, more))
     return out
+
+
+def instance(ctx: Ctx, name: str, gpus: list[Gpu], port: int, arch, tp: int, seqs: int, batched: int, more,
+             mem: Memory | None = None, group: GroupRole | None = None) -> Instance:
+    """One instance on `gpus`: the planned flags and `more`, validated. `mem`: its memory as planned (a
+    serving group's), else that of these flags, refused when they make it need more than it has."""
+    flags = planned_flags(ctx, arch, tp, seqs, batched, more)
+    validate(ctx, flags)
+    if mem is None:
+        mem = memory_for(ctx, flags, tp, gpus[0].memory_mib * MIB, seqs, batched)
+        if not mem.fits:
+            raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
+                            "drop the flag that grows its memory")
+    return Instance(name=name, gpus=gpus, host_port=port, tp=tp, ep=tp > 1 and ctx.model.moe,
+                    args=[ctx.model_path] + vllm_flags.render(flags), memory=mem, max_model_len=ctx.mml,
+                    max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]), group=group)
 
 
 def _weights(ctx: Ctx) -> tuple[list[Mount], list[dict]]:
