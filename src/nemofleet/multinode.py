@@ -181,6 +181,8 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
     one_host = try_fit(ctx, own)
     rank = members.index(host)
     head_addr = addrs[head][1]
+    # the head's rendezvous port, as head_probe checks it
+    port = s.serving_group_dp_rpc_port if mode == "dp" else s.serving_group_master_port
     if mode == "dp":
         try:
             lay = fit_layout(ctx, own)
@@ -190,7 +192,6 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
                             "replica over the hosts") from None
         tp, pp, local = lay.tp, 1, lay.count
         mem, seqs, batched = lay.mem, lay.seqs, lay.batched
-        port = s.serving_group_dp_rpc_port
         more = [("--data-parallel-size", local * n_nodes), ("--data-parallel-size-local", local),
                 ("--data-parallel-address", head_addr), ("--data-parallel-rpc-port", port)]
         if rank:
@@ -214,7 +215,6 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
         mem = memory_for(ctx, planned_flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
         if not viable(ctx, mem, tp * pp, gpu_bytes):
             raise _group_refusal(ctx, name, where, own, arch, tp, pp, mem, seqs, batched)
-        port = s.serving_group_master_port
         more = ([("--pipeline-parallel-size", pp)] if pp > 1 else []) + [
             ("--nnodes", n_nodes), ("--node-rank", rank), ("--master-addr", head_addr), ("--master-port", port)]
         if rank:
