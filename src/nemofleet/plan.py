@@ -79,10 +79,9 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     for group in gpu_table.groups(usable):
         try:
             layouts.append(fit_layout(ctx, group))
-        except NoFit as nofit:
-            raise _sick_note(refusal(ctx, group, nofit, local_meta), sick) from None
-        except PlanError as exc:
-            raise _sick_note(exc, sick) from None
+        except (NoFit, PlanError) as exc:
+            why = refusal(ctx, group, exc, local_meta) if isinstance(exc, NoFit) else exc
+            raise (PlanError(f"{why}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}") if sick else why) from None
     if len(layouts) > 1:
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
@@ -97,12 +96,6 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
                 plan.departures.append(d.text)
                 plan.departed.append(d)
     return plan
-
-
-def _sick_note(exc: PlanError, sick: dict) -> PlanError:
-    if not sick:
-        return exc
-    return PlanError(f"{exc}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}")
 
 
 def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
