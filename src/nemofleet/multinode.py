@@ -145,14 +145,13 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
     if problems:
         raise PlanError(f"serving_group {name} cannot be planned: " + "; ".join(problems))
     head = members[0]
-    labels = {m: _shape(g) for m, g in shapes.items()}
-    if len(set(labels.values())) > 1:
-        raise PlanError(f"serving_group {name} mixes GPUs ({', '.join(f'{m}: {labels[m]}' for m in members)}): "
-                        "every member needs the same GPU model and count (one TP size, one memory budget)")
-    drivers = {m: peers[m].gpus.driver for m in members}
-    if len(set(drivers.values())) > 1:
-        raise PlanError(f"serving_group {name} mixes NVIDIA drivers ({', '.join(f'{m}: {drivers[m]}' for m in members)}): "
-                        "NCCL across the group needs one driver and CUDA version on every member")
+    for what, per, why in (
+            ("GPUs", {m: _shape(g) for m, g in shapes.items()},
+             "every member needs the same GPU model and count (one TP size, one memory budget)"),
+            ("NVIDIA drivers", {m: peers[m].gpus.driver for m in members},
+             "NCCL across the group needs one driver and CUDA version on every member")):
+        if len(set(per.values())) > 1:
+            raise PlanError(f"serving_group {name} mixes {what} ({', '.join(f'{m}: {per[m]}' for m in members)}): {why}")
     images = {m: (peers[m].image.id if peers[m].image is not None else None) or "" for m in members}
     pulled = {i for i in images.values() if i}
     if len(pulled) > 1:
