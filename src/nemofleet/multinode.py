@@ -221,8 +221,8 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
         how = (f"TP{tp} within each host x PP{pp} across the hosts (vLLM's advice: TP = GPUs per node, PP = nodes)"
                if mode == "pp" else f"TP{tp} over every GPU of the group")
         choice = (f"serving_group {name} ({where}): one instance, {how}; fits with {mem.headroom / GIB:.1f} GiB "
-                  f"headroom per GPU ({mem.summary()}) and its KV cache holds {mem.full_context_seqs} full "
-                  f"{ctx.mml}-token sequence{'' if mem.full_context_seqs == 1 else 's'} at once")
+                  f"headroom per GPU ({mem.summary()}) and its KV cache holds "
+                  f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once")
     # the head serves the API on the host's network (--network host): bind_address and port_base
     more += [("--host", s.bind_address), ("--port", s.port_base)]
     role = GroupRole(name=name, members=tuple(members), rank=rank, parallel=mode, head_address=head_addr,
