@@ -85,7 +85,7 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     if len(layouts) > 1:
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
-    for warn in (lambda lay: precision_warning(ctx, lay, local_meta), safe_line_warning, unverified_arch_warning):
+    for warn in (precision_warning, safe_line_warning, unverified_arch_warning):
         warnings += [w for w in map(warn, layouts) if w]
     identity = _identity(ctx, selected) if sick else None
     plan = finish(host, s, ctx, gpus, _instances(ctx, layouts, identity), [lay.choice for lay in layouts], warnings,

@@ -110,10 +110,10 @@ def _fixes(ctx: Ctx, group: list[Gpu], local_meta) -> list[str]:
 # ---------------------------------------------------------------------------- warnings
 
 
-def precision_warning(ctx: Ctx, lay: Layout, local_meta) -> str | None:
+def precision_warning(lay: Layout) -> str | None:
     """NVFP4 below sm100 runs weight-only (docs/recipes.md#nvfp4-below-blackwell): say so, and
     whether the BF16 variant, which computes the same way, fits these GPUs."""
-    m = ctx.model
+    ctx, m = lay.ctx, lay.ctx.model
     if m.precision != "nvfp4" or lay.arch.native_fp4:
         return None
     text = (f"{m.key} on {lay.arch.name} (sm{lay.arch.sm}) runs NVFP4 weight-only: FP4 weights are dequantised "
