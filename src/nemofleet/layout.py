@@ -258,17 +258,26 @@ def fit_layout(ctx: Ctx, group: list[Gpu]) -> Layout:
     if count * tp > n:
         raise PlanError(f"{count} instances of {tp} GPU(s) do not fit {_gpus_phrase(ctx, group)}")
     parts, idle = gpu_table.tp_groups(group, tp, count)
-    choice = _explain(ctx, group, tp, count, mems, fitting, policy)
+    lay = Layout(group, arch, tp, count, seqs, batched, mems[tp], "", ctx, parts, idle)
+    lay.choice = _explain(lay, mems, fitting, policy)
     if idle:
-        choice += "; " + _idle_reason(ctx, group, idle, tp, fitting, policy)
+        lay.choice += "; " + _idle_reason(lay, fitting, policy)
     validate(ctx, planned_flags(ctx, arch, tp, seqs, batched))
-    return Layout(group, arch, tp, count, seqs, batched, mems[tp], choice, ctx, parts, idle)
+    return lay
 
 
-def _idle_reason(ctx: Ctx, group, idle: list[Gpu], tp: int, fitting: list[int], policy: str) -> str:
+def try_fit(ctx: Ctx, group: list[Gpu]) -> Layout | None:
+    """fit_layout's layout, or None where these GPUs cannot take the model with these settings."""
+    try:
+        return fit_layout(ctx, group)
+    except (NoFit, PlanError):
+        return None
+
+
+def _idle_reason(lay: Layout, fitting: list[int], policy: str) -> str:
     """'GPU 2 stays idle: ...': why the GPUs no instance uses are left, and what would use them."""
-    n, which = len(group), ", ".join(str(g.index) for g in idle)
-    head = f"GPU {which} stay idle" if len(idle) > 1 else f"GPU {which} stays idle"
+    ctx, tp, n, which = lay.ctx, lay.tp, len(lay.gpus), ", ".join(str(g.index) for g in lay.idle)
+    head = f"GPU {which} stay idle" if len(lay.idle) > 1 else f"GPU {which} stays idle"
     if ctx.s.instances:
         return f"{head}: instances is {ctx.s.instances}"
     why = (f"{n} GPUs are not a multiple of TP{tp}, TP takes 1, 2, 4 or 8 GPUs and the instances on one GPU "
@@ -284,34 +293,30 @@ def _gpus_phrase(ctx: Ctx, group: list[Gpu]) -> str:
     return f"this host's {len(group)} GPUs" if not ctx.s.gpus else f"the {len(group)} GPUs selected by gpus"
 
 
-def _explain(ctx: Ctx, group, tp: int, count: int, mems: dict, fitting: list[int], policy: str) -> str:
+def _explain(lay: Layout, mems: dict, fitting: list[int], policy: str) -> str:
     """'8x H100 80 GiB: 8 x TP1 (...): each fits with N GiB headroom ...; TP2 available with ...'."""
-    mem = mems[tp]
+    ctx, group, tp, mem = lay.ctx, lay.gpus, lay.tp, mems[lay.tp]
     if ctx.s.tensor_parallel_size:
         why = f"tensor_parallel_size {tp}"
     else:
         source = "the model's recipe" if ctx.s.tensor_parallel_policy == "recipe" else "tensor_parallel_policy"
         why = (f"the smallest TP that fits ({source}: smallest)" if policy == "smallest"
                else f"one instance over the GPUs ({source}: largest)")
-    text = (f"{len(group)}x {gpu_table.label(group[0])}: {count} x TP{tp}, {why}; each fits with "
+    text = (f"{len(group)}x {gpu_table.label(group[0])}: {lay.count} x TP{tp}, {why}; each fits with "
             f"{mem.headroom / GIB:.1f} GiB headroom per GPU ({mem.summary()}) and its KV cache holds "
-            f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once for max_num_seqs "
-            f"{ctx.s.max_num_seqs or gpu_table.arch_of(group[0]).default_max_num_seqs}")
+            f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once for max_num_seqs {lay.seqs}")
     others = [f"TP{t} with tensor_parallel_size: {t} ({mems[t].headroom / GIB:.1f} GiB headroom)"
               for t in fitting if t != tp]
-    small = [f"TP{t} does not fit ({mems[t].summary()}{_seqs_hint(ctx, group, t)})"
+    small = [f"TP{t} does not fit ({mems[t].summary()}{_seqs_hint(lay, t)})"
              for t in mems if t < tp and t not in fitting]
     return "; ".join([text] + ([f"also possible: {', '.join(others)}"] if others else []) + small)
 
 
-def _seqs_hint(ctx: Ctx, group, tp: int) -> str:
+def _seqs_hint(lay: Layout, tp: int) -> str:
     """', it would with max_num_seqs: N' when fewer sequences (less Mamba state) make `tp` fit."""
-    arch = gpu_table.arch_of(group[0])
-    seqs = ctx.s.max_num_seqs or arch.default_max_num_seqs
-    batched = ctx.s.max_num_batched_tokens or arch.default_max_num_batched_tokens
-    gpu_bytes = group[0].memory_mib * MIB
-    for c in halves(seqs, 1):
-        if viable(ctx, memory_for(ctx, planned_flags(ctx, arch, tp, c, batched), tp, gpu_bytes, c, batched), tp, gpu_bytes):
+    ctx, batched, gpu_bytes = lay.ctx, lay.batched, lay.gpus[0].memory_mib * MIB
+    for c in halves(lay.seqs, 1):
+        if viable(ctx, memory_for(ctx, planned_flags(ctx, lay.arch, tp, c, batched), tp, gpu_bytes, c, batched), tp, gpu_bytes):
             return f"; it would with max_num_seqs: {c}"
     return ""
 

@@ -25,11 +25,10 @@ import re
 
 from . import gpus as gpu_table
 from . import memory as mem_model
-from . import vllm_flags
 from .factmodel import Facts, Health, ModelDir, PeerMissing
-from .layout import Ctx, NoFit, fit_layout, memory_for, planned_flags, validate, viable
-from .plan import finish, start
-from .plan_types import GIB, MIB, Gpu, GroupRole, Instance, Plan, PlanError, gpus_from_facts
+from .layout import Ctx, NoFit, fit_layout, memory_for, planned_flags, try_fit, viable
+from .plan import finish, instance, start
+from .plan_types import GIB, MIB, Gpu, GroupRole, Plan, PlanError, gpus_from_facts
 
 # Interfaces that never carry group traffic: loopback and container/overlay plumbing.
 _PLUMBING = re.compile(r"^(lo|docker\d*|docker_gwbridge|br-.*|veth.*|virbr.*|cni.*|flannel.*|cali.*|vxlan.*|"
@@ -109,16 +108,7 @@ def make_group_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | N
     member (this host included); `health`: its GPU health fact (its admission sentences and warnings
     join the plan's; the group's shape itself comes from every member's GPUs in _member_gpus, where
     GPU health is not applied yet). Raises PlanError with one sentence."""
-    s, ctx, usable, warnings, _, _ = start(gpus, data, local_meta, health)
-    instances, choice, more, group_env = layout(host, ctx, usable, peers)
-    return finish(host, s, ctx, gpus, instances, [choice], warnings + more, group_env,
-                  docker_version, cdi_available, cgroup_version, cgroup_driver)
-
-
-def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[list[Instance], str, list[str], dict]:
-    """(instances, choice, warnings, env) of `host` as a member of its serving group, or PlanError.
-    `peers`: {member: HostFacts} for every member (this host included)."""
-    s = ctx.s
+    s, ctx, _, warnings, _, _ = start(gpus, data, local_meta, health)
     name, members = s.serving_group or "", s.serving_group_members
     if not members:
         raise PlanError(f"serving_group {name} has no members: list its hosts, head first, in the inventory's "
@@ -142,11 +132,11 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
         if unread and member != host:  # this host's own unreadable parts are refused on their own
             problems.append(f"{member}: could not read {unread[0][0]} ({unread[0][1][:160]})")
             continue
-        gpus = _member_gpus(member, f, s)
-        if isinstance(gpus, str):
-            problems.append(f"{member}: {gpus}")
+        found = _member_gpus(member, f, s)
+        if isinstance(found, str):
+            problems.append(f"{member}: {found}")
             continue
-        shapes[member] = gpus
+        shapes[member] = found
         where = member_address(f.addresses, s)
         if isinstance(where, str):
             problems.append(f"{member}: {where}")
@@ -155,14 +145,13 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
     if problems:
         raise PlanError(f"serving_group {name} cannot be planned: " + "; ".join(problems))
     head = members[0]
-    labels = {m: _shape(g) for m, g in shapes.items()}
-    if len(set(labels.values())) > 1:
-        raise PlanError(f"serving_group {name} mixes GPUs ({', '.join(f'{m}: {labels[m]}' for m in members)}): "
-                        "every member needs the same GPU model and count (one TP size, one memory budget)")
-    drivers = {m: peers[m].gpus.driver for m in members}
-    if len(set(drivers.values())) > 1:
-        raise PlanError(f"serving_group {name} mixes NVIDIA drivers ({', '.join(f'{m}: {drivers[m]}' for m in members)}): "
-                        "NCCL across the group needs one driver and CUDA version on every member")
+    for what, per, why in (
+            ("GPUs", {m: _shape(g) for m, g in shapes.items()},
+             "every member needs the same GPU model and count (one TP size, one memory budget)"),
+            ("NVIDIA drivers", {m: peers[m].gpus.driver for m in members},
+             "NCCL across the group needs one driver and CUDA version on every member")):
+        if len(set(per.values())) > 1:
+            raise PlanError(f"serving_group {name} mixes {what} ({', '.join(f'{m}: {per[m]}' for m in members)}): {why}")
     images = {m: (peers[m].image.id if peers[m].image is not None else None) or "" for m in members}
     pulled = {i for i in images.values() if i}
     if len(pulled) > 1:
@@ -174,33 +163,34 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
         raise PlanError(f"serving_group {name}: this host gets no answer from the head {head} at {reach.target} "
                         f"within 3 s (a firewall drops it, or there is no route): open TCP {reach.target.rpartition(':')[2]} "
                         "and NCCL's ports between the members (or set serving_group_interface to the network they share)")
-    gpus = shapes[host]
-    n_nodes, per_node = len(members), len(gpus)
+    own = shapes[host]
+    n_nodes, per_node = len(members), len(own)
     try:
-        arch = gpu_table.arch_of(gpus[0])
+        arch = gpu_table.arch_of(own[0])
     except gpu_table.UnsupportedGpu as exc:
         raise PlanError(str(exc)) from None
     m = ctx.model
     if arch.name not in m.archs:
         raise PlanError(f"{m.key} does not run on {arch.name} GPUs (supported: {', '.join(m.archs)})")
     mode = s.serving_group_parallel
-    gpu_bytes = gpus[0].memory_mib * MIB
+    gpu_bytes = own[0].memory_mib * MIB
     seqs = s.max_num_seqs or arch.default_max_num_seqs
     batched = s.max_num_batched_tokens or arch.default_max_num_batched_tokens
-    where = f"{n_nodes} hosts x {_shape(gpus)}"
-    one_host = _fits_one_host(ctx, gpus)
+    where = f"{n_nodes} hosts x {_shape(own)}"
+    one_host = try_fit(ctx, own)
     rank = members.index(host)
     head_addr = addrs[head][1]
+    # the head's rendezvous port, as head_probe checks it
+    port = s.serving_group_dp_rpc_port if mode == "dp" else s.serving_group_master_port
     if mode == "dp":
         try:
-            lay = fit_layout(ctx, gpus)
+            lay = fit_layout(ctx, own)
         except NoFit as nofit:
-            raise PlanError(f"{m.key} does not fit one replica per host of serving_group {name} ({_shape(gpus)}: "
+            raise PlanError(f"{m.key} does not fit one replica per host of serving_group {name} ({_shape(own)}: "
                             f"{nofit.mem.summary()} at TP{nofit.tp}); serving_group_parallel: pp spreads one "
                             "replica over the hosts") from None
         tp, pp, local = lay.tp, 1, lay.count
         mem, seqs, batched = lay.mem, lay.seqs, lay.batched
-        port = s.serving_group_dp_rpc_port
         more = [("--data-parallel-size", local * n_nodes), ("--data-parallel-size-local", local),
                 ("--data-parallel-address", head_addr), ("--data-parallel-rpc-port", port)]
         if rank:
@@ -223,8 +213,7 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
                             "or set serving_group_parallel: dp for several replicas")
         mem = memory_for(ctx, planned_flags(ctx, arch, tp, seqs, batched), tp, gpu_bytes, seqs, batched, pp=pp)
         if not viable(ctx, mem, tp * pp, gpu_bytes):
-            raise _group_refusal(ctx, name, where, gpus, tp, pp, mem, seqs, batched)
-        port = s.serving_group_master_port
+            raise _group_refusal(ctx, name, where, own, arch, tp, pp, mem, seqs, batched)
         more = ([("--pipeline-parallel-size", pp)] if pp > 1 else []) + [
             ("--nnodes", n_nodes), ("--node-rank", rank), ("--master-addr", head_addr), ("--master-port", port)]
         if rank:
@@ -232,8 +221,8 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
         how = (f"TP{tp} within each host x PP{pp} across the hosts (vLLM's advice: TP = GPUs per node, PP = nodes)"
                if mode == "pp" else f"TP{tp} over every GPU of the group")
         choice = (f"serving_group {name} ({where}): one instance, {how}; fits with {mem.headroom / GIB:.1f} GiB "
-                  f"headroom per GPU ({mem.summary()}) and its KV cache holds {mem.full_context_seqs} full "
-                  f"{ctx.mml}-token sequence{'' if mem.full_context_seqs == 1 else 's'} at once")
+                  f"headroom per GPU ({mem.summary()}) and its KV cache holds "
+                  f"{mem_model.seqs_phrase(mem.full_context_seqs, ctx.mml)} at once")
     # the head serves the API on the host's network (--network host): bind_address and port_base
     more += [("--host", s.bind_address), ("--port", s.port_base)]
     role = GroupRole(name=name, members=tuple(members), rank=rank, parallel=mode, head_address=head_addr,
@@ -242,15 +231,10 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
     choice += f"; this host is rank {rank} of {n_nodes} ({role.role}{', --headless' if rank else ''}), head {head} at {head_addr}:{port}"
     if reach:
         choice += f" (reachable from here: {reach.state})"
-    flags = planned_flags(ctx, arch, tp, seqs, batched, more)
-    validate(ctx, flags)
-    inst = Instance(name=f"{s.instance_prefix}{name}", gpus=gpus, host_port=s.port_base, tp=tp,
-                    ep=tp > 1 and m.moe, args=[ctx.model_path] + vllm_flags.render(flags), memory=mem,
-                    max_model_len=ctx.mml, max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]),
-                    group=role)
-    warnings = []
+    inst = instance(ctx, f"{s.instance_prefix}{name}", own, s.port_base, arch, tp, seqs, batched, more, mem, role)
     if one_host and mode != "dp":
-        warnings.append(f"{m.key} fits one host of serving_group {name} ({one_host}): spreading it over "
+        warnings.append(f"{m.key} fits one host of serving_group {name} ({one_host.count} x TP{one_host.tp} on "
+                        f"{_shape(own)}, {one_host.mem.summary()}): spreading it over "
                         f"{n_nodes} hosts adds inter-node traffic to every token; serve it per host unless "
                         "the group is wanted (longer context, fewer endpoints)")
     no_rdma = [mb for mb in members if not peers[mb].rdma]
@@ -265,24 +249,15 @@ def layout(host: str, ctx: Ctx, own: list[Gpu], peers: dict | None) -> tuple[lis
            "VLLM_HOST_IP": addrs[host][1]}
     if s.serving_group_ib_hca:
         env["NCCL_IB_HCA"] = s.serving_group_ib_hca
-    return [inst], choice, warnings, env
+    return finish(host, s, ctx, gpus, [inst], [choice], warnings, env, docker_version, cdi_available,
+                  cgroup_version, cgroup_driver)
 
 
-def _fits_one_host(ctx: Ctx, gpus: list[Gpu]) -> str | None:
-    try:
-        lay = fit_layout(ctx, gpus)
-    except (NoFit, PlanError):
-        return None
-    return f"{lay.count} x TP{lay.tp} on {_shape(gpus)}, {lay.mem.summary()}"
-
-
-def _group_refusal(ctx: Ctx, name: str, where: str, gpus: list[Gpu], tp: int, pp: int, mem, seqs, batched) -> PlanError:
+def _group_refusal(ctx: Ctx, name: str, where: str, gpus: list[Gpu], arch, tp: int, pp: int, mem, seqs,
+                   batched) -> PlanError:
     """Need vs available per GPU, and the smallest group of these hosts that would hold it."""
     m, s = ctx.model, ctx.s
-    gpu_bytes = gpus[0].memory_mib * MIB
-    per_node = len(gpus)
-    bigger = None
-    arch = gpu_table.arch_of(gpus[0])
+    gpu_bytes, per_node, bigger = gpus[0].memory_mib * MIB, len(gpus), None
     for n in range(2, MAX_NODES + 1):
         t, p = (per_node, n) if s.serving_group_parallel == "pp" else (per_node * n, 1)
         alt = memory_for(ctx, planned_flags(ctx, arch, t, seqs, batched), t, gpu_bytes, seqs, batched, pp=p)

@@ -46,20 +46,23 @@ def start(gpus: list[Gpu], s: settings.Settings, local_meta: ModelDir | None = N
     """What every plan starts from, a single host's or a serving group member's
     (multinode.make_group_plan): (settings, context, usable GPUs, warnings, the GPUs selected
     before admission, {uuid: sentence} of those GPU health left out). `health`: the host's GPU
-    health fact (facts/gpuhealth.py); a GPU that must not serve is left out like a MIG GPU."""
+    health fact (facts/gpuhealth.py); a GPU that must not serve is left out like a MIG GPU, its
+    sentence and the health warnings join the warnings, and none left is a PlanError."""
     if not gpus:
         raise PlanError("no NVIDIA GPU is visible on this host")
     ctx = context(s, local_meta)
     try:
-        usable, warnings = gpu_table.select(gpus, s.gpus)
-    except gpu_table.UnsupportedGpu as exc:
+        selected, warnings = gpu_table.select(gpus, s.gpus)
+        adm = gpuhealth.admit(selected, health)
+    except (gpu_table.UnsupportedGpu, gpuhealth.HealthError) as exc:
         raise PlanError(str(exc)) from None
-    selected = usable
-    usable, sick = _admit(usable, health, warnings)
+    warnings += list(adm.left_out.values()) + adm.warnings
+    if not adm.admitted:
+        raise PlanError("no GPU of this host may serve: " + "; ".join(adm.left_out.values()))
     if not catalog.is_commit(ctx.model.revision):
         warnings.insert(0, f"revision {ctx.model.revision!r} of {ctx.model.repo} is not a commit SHA; pin a 40-hex "
                         "commit so re-runs never ask the Hub")
-    return s, ctx, usable, warnings, selected, sick
+    return s, ctx, adm.admitted, warnings, selected, adm.left_out
 
 
 def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = None,
@@ -76,16 +79,14 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
     for group in gpu_table.groups(usable):
         try:
             layouts.append(fit_layout(ctx, group))
-        except NoFit as nofit:
-            raise _sick_note(refusal(ctx, group, nofit, local_meta), sick) from None
-        except PlanError as exc:
-            raise _sick_note(exc, sick) from None
+        except (NoFit, PlanError) as exc:
+            why = refusal(ctx, group, exc, local_meta) if isinstance(exc, NoFit) else exc
+            raise (PlanError(f"{why}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}") if sick else why) from None
     if len(layouts) > 1:
         warnings.append("this host mixes GPU models (" + ", ".join(gpu_table.label(lay.gpus[0]) for lay in layouts)
                         + "); each is planned on its own with its own flags")
-    warnings += [w for w in (precision_warning(ctx, lay, local_meta) for lay in layouts) if w]
-    warnings += [w for w in (safe_line_warning(lay) for lay in layouts) if w]
-    warnings += [w for w in (unverified_arch_warning(lay) for lay in layouts) if w]
+    for warn in (precision_warning, safe_line_warning, unverified_arch_warning):
+        warnings += [w for w in map(warn, layouts) if w]
     identity = _identity(ctx, selected) if sick else None
     plan = finish(host, s, ctx, gpus, _instances(ctx, layouts, identity), [lay.choice for lay in layouts], warnings,
                   {}, docker_version, cdi_available, cgroup_version, cgroup_driver)
@@ -95,25 +96,6 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
                 plan.departures.append(d.text)
                 plan.departed.append(d)
     return plan
-
-
-def _admit(usable: list[Gpu], health, warnings: list[str]) -> tuple[list[Gpu], dict]:
-    """The GPUs whose health lets them serve (gpuhealth.py), and {uuid: sentence} of those left
-    out; the sentences and health warnings join `warnings`. PlanError when none is left."""
-    try:
-        adm = gpuhealth.admit(usable, health)
-    except gpuhealth.HealthError as exc:
-        raise PlanError(str(exc)) from None
-    warnings += list(adm.left_out.values()) + adm.warnings
-    if not adm.admitted:
-        raise PlanError("no GPU of this host may serve: " + "; ".join(adm.left_out.values()))
-    return adm.admitted, adm.left_out
-
-
-def _sick_note(exc: PlanError, sick: dict) -> PlanError:
-    if not sick:
-        return exc
-    return PlanError(f"{exc}; GPU(s) left out as unhealthy: {'; '.join(sick.values())}")
 
 
 def finish(host, s, ctx, gpus, instances, choices, warnings, more_env, docker_version, cdi_available,
@@ -149,9 +131,7 @@ def _slots(s, layouts: list[Layout], identity: dict | None) -> list[tuple[str, i
     """(name, port) per instance, in layout order: by position (prefix0, port_base, ...), or, with
     an identity, the name and port of the same GPUs in the healthy plan; an instance of a new
     shape gets the first name and port the healthy plan does not use."""
-    total = sum(lay.count for lay in layouts)
-    if not identity:
-        return [(f"{s.instance_prefix}{i}", s.port_base + i) for i in range(total)]
+    total, identity = sum(lay.count for lay in layouts), identity or {}
     keys = [frozenset(g.uuid for g in lay.groups[k]) for lay in layouts for k in range(lay.count)]
     used_names, used_ports = {n for n, _ in identity.values()}, {p for _, p in identity.values()}
     names = (n for n in (f"{s.instance_prefix}{i}" for i in range(10**6)) if n not in used_names)
@@ -188,19 +168,24 @@ def _instances(ctx: Ctx, layouts: list[Layout], identity: dict | None = None) ->
             if not INSTANCE_NAME.match(name):
                 raise PlanError(f"instance name {name!r} is not a valid container name")
             more = extra_args(per_instance[name], f"instance_extra_args.{name}", ctx.v) if name in per_instance else []
-            flags = planned_flags(ctx, lay.arch, lay.tp, lay.seqs, lay.batched, more)
-            validate(ctx, flags)
-            mem = memory_for(ctx, flags, lay.tp, lay.gpus[0].memory_mib * MIB, lay.seqs, lay.batched)
-            if not mem.fits:
-                raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
-                                "drop the flag that grows its memory")
-            out.append(Instance(
-                name=name, gpus=lay.groups[k], host_port=port,
-                tp=lay.tp, ep=lay.tp > 1 and ctx.model.moe, args=[ctx.model_path] + vllm_flags.render(flags),
-                memory=mem, max_model_len=ctx.mml, max_num_seqs=lay.seqs, arch=lay.arch.name,
-                gpu_label=gpu_table.label(lay.gpus[0]),
-            ))
+            out.append(instance(ctx, name, lay.groups[k], port, lay.arch, lay.tp, lay.seqs, lay.batched, more))
     return out
+
+
+def instance(ctx: Ctx, name: str, gpus: list[Gpu], port: int, arch, tp: int, seqs: int, batched: int, more,
+             mem: Memory | None = None, group: GroupRole | None = None) -> Instance:
+    """One instance on `gpus`: the planned flags and `more`, validated. `mem`: its memory as planned (a
+    serving group's), else that of these flags, refused when they make it need more than it has."""
+    flags = planned_flags(ctx, arch, tp, seqs, batched, more)
+    validate(ctx, flags)
+    if mem is None:
+        mem = memory_for(ctx, flags, tp, gpus[0].memory_mib * MIB, seqs, batched)
+        if not mem.fits:
+            raise PlanError(f"instance_extra_args.{name} makes {name} need {mem.summary()}; "
+                            "drop the flag that grows its memory")
+    return Instance(name=name, gpus=gpus, host_port=port, tp=tp, ep=tp > 1 and ctx.model.moe,
+                    args=[ctx.model_path] + vllm_flags.render(flags), memory=mem, max_model_len=ctx.mml,
+                    max_num_seqs=seqs, arch=arch.name, gpu_label=gpu_table.label(gpus[0]), group=group)
 
 
 def _weights(ctx: Ctx) -> tuple[list[Mount], list[dict]]:

@@ -14,8 +14,8 @@ from . import models as catalog
 from . import gpus as gpu_table
 from . import memory as mem_model
 from . import recipes, vllm_flags
-from .layout import (Ctx, Layout, NoFit, context, fit_layout, halves, planned_flags, recipe_rows, unified_util,
-                     vllm_batch_defaults)
+from .layout import (Ctx, Layout, NoFit, context, fit_layout, halves, planned_flags, recipe_rows, try_fit,
+                     unified_util, vllm_batch_defaults)
 from .plan_types import Departure, GIB, Gpu, MIB, PlanError, TP_SIZES
 
 
@@ -24,24 +24,22 @@ from .plan_types import Departure, GIB, Gpu, MIB, PlanError, TP_SIZES
 
 def refusal(ctx: Ctx, group: list[Gpu], nofit: NoFit, local_meta) -> PlanError:
     m, mem = ctx.model, nofit.mem
-    util = float(unified_util(ctx, group[0]).s.gpu_memory_utilization)  # as planned: capped on unified memory
     where = f"{len(group)}x {gpu_table.label(group[0])}"
-    floor = (f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else "")
-    if nofit.explicit:
-        head = f"{m.key} with tensor_parallel_size {nofit.tp} needs {mem_model.gib(mem.need)} per GPU"
+    if mem.need <= mem.available and mem.blocks_short:  # vLLM's second startup check (memory.py)
+        why = f"{m.key} on {where} at TP{nofit.tp}: {mem.blocks_problem()}"
     else:
-        head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
+        util = float(unified_util(ctx, group[0]).s.gpu_memory_utilization)  # as planned: capped on unified memory
+        floor = (f" and {m.min_total_bytes / GIB:.0f} GiB in all" if m.min_total_bytes else "")
+        if nofit.explicit:
+            head = f"{m.key} with tensor_parallel_size {nofit.tp} needs {mem_model.gib(mem.need)} per GPU"
+        else:
+            head = f"{m.key} needs {mem_model.gib(mem.need)} per GPU even at TP{nofit.tp}"
+        why = (f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
+               f"gpu_memory_utilization {util:.2f}")
     shapes = _shapes(ctx, group)
     fixes = _fixes(ctx, group, local_meta)
-    if mem.need <= mem.available and mem.blocks_short:  # vLLM's second startup check (memory.py)
-        return PlanError(
-            f"{m.key} on {where} at TP{nofit.tp}: {mem.blocks_problem()}; with these settings nemofleet would plan "
-            f"it on {' or '.join(shapes) if shapes else 'no catalog GPU class of up to 8 GPUs'}; "
-            + (f"on this host it fits with {' or '.join(fixes)}" if fixes
-               else "no single setting change makes it fit this host"))
     return PlanError(
-        f"{head}{floor} ({mem.terms()}) but {where} has {mem_model.gib(mem.available)} per GPU at "
-        f"gpu_memory_utilization {util:.2f}; with these settings nemofleet would plan it on "
+        f"{why}; with these settings nemofleet would plan it on "
         f"{' or '.join(shapes) if shapes else 'no catalog GPU class of up to 8 GPUs'}; "
         + (f"on this host it fits with {' or '.join(fixes)}" if fixes else "no single setting change makes it fit this host"))
 
@@ -57,11 +55,9 @@ def _shapes(ctx: Ctx, host_group: list[Gpu] | None = None) -> list[str]:
     def smallest(name, mib, cc, unified, label, above=0):
         for count in (c for c in TP_SIZES if c > above):
             group = [Gpu(i, f"GPU-shape-{i}", name, mib, cc, unified=unified) for i in range(count)]
-            try:
-                lay = fit_layout(shape_ctx, group)
-            except (NoFit, PlanError):
-                continue
-            return count * mib, f"{count}x {label} (TP{lay.tp}, max_num_seqs {lay.seqs})"
+            lay = try_fit(shape_ctx, group)
+            if lay:
+                return count * mib, f"{count}x {label} (TP{lay.tp}, max_num_seqs {lay.seqs})"
         return None
 
     found = [f for f in (smallest(z.name, z.memory_mib, c.cc, False, z.label) for c in gpu_classes.CLASSES
@@ -78,8 +74,8 @@ def _shapes(ctx: Ctx, host_group: list[Gpu] | None = None) -> list[str]:
 def _fixes(ctx: Ctx, group: list[Gpu], local_meta) -> list[str]:
     """Single setting changes with which this host's GPUs would take the model."""
     s, m = ctx.s, ctx.model
-    arch = _safe_arch(group[0])
-    seqs = s.max_num_seqs or (arch.default_max_num_seqs if arch else 32)
+    # a refusal follows fit_layout's NoFit on these GPUs, so their architecture is known
+    seqs = s.max_num_seqs or gpu_table.arch_of(group[0]).default_max_num_seqs
     tries: list[tuple[dict, str]] = []
     tries += [({"max_num_seqs": c}, f"max_num_seqs: {c}") for c in halves(seqs, 1)]
     tries += [({"max_model_len": c}, f"max_model_len: {c}") for c in halves(ctx.mml, 4096)]
@@ -111,20 +107,13 @@ def _fixes(ctx: Ctx, group: list[Gpu], local_meta) -> list[str]:
     return out
 
 
-def _safe_arch(gpu):
-    try:
-        return gpu_table.arch_of(gpu)
-    except gpu_table.UnsupportedGpu:
-        return None
-
-
 # ---------------------------------------------------------------------------- warnings
 
 
-def precision_warning(ctx: Ctx, lay: Layout, local_meta) -> str | None:
+def precision_warning(lay: Layout) -> str | None:
     """NVFP4 below sm100 runs weight-only (docs/recipes.md#nvfp4-below-blackwell): say so, and
     whether the BF16 variant, which computes the same way, fits these GPUs."""
-    m = ctx.model
+    ctx, m = lay.ctx, lay.ctx.model
     if m.precision != "nvfp4" or lay.arch.native_fp4:
         return None
     text = (f"{m.key} on {lay.arch.name} (sm{lay.arch.sm}) runs NVFP4 weight-only: FP4 weights are dequantised "

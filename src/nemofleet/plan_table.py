@@ -6,29 +6,17 @@ wide as their widest cell, so an 8-GPU instance ("0-7") never runs into the port
 
 from __future__ import annotations
 
+import itertools
+
 GIB = 1024**3
 
 _HEAD = ("instance", "GPUs", "GPU", "port", "TP", "EP", "context", "seqs", "GiB need/avail", "full-ctx seqs")
 
 
 def gpu_ranges(indices: list[int]) -> str:
-    """[0,1,2,3,5] -> '0-3,5'."""
-    out: list[str] = []
-    run: list[int] = []
-    for i in sorted(indices):
-        if run and i == run[-1] + 1:
-            run.append(i)
-            continue
-        if run:
-            out.append(_run(run))
-        run = [i]
-    if run:
-        out.append(_run(run))
-    return ",".join(out)
-
-
-def _run(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+    """[0,1,2,3,5] -> '0-3,5': a run of consecutive indices keeps one index - position."""
+    runs = [[i for _, i in run] for _, run in itertools.groupby(enumerate(sorted(indices)), lambda p: p[1] - p[0])]
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def table(instances: list[dict]) -> list[str]:

@@ -165,6 +165,5 @@ class Plan:
 def gpus_from_facts(rows) -> list[Gpu]:
     """The planner's GPUs from the typed facts' rows (factmodel.Gpu): the fields nvidia-smi
     reported, the planner's defaults for the rest."""
-    typed = rows
     names = {f.name for f in dataclasses.fields(Gpu)}
-    return [Gpu(**{k: getattr(r, k) for k in r.model_fields_set if k in names}) for r in typed]
+    return [Gpu(**{k: getattr(r, k) for k in r.model_fields_set if k in names}) for r in rows]

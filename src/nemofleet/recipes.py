@@ -65,21 +65,17 @@ RECIPES: list[Row] = [
 ]
 
 
-def rows_for(model, arch: str, spec: bool, cc: str = "") -> list[Row]:
-    return [r for r in RECIPES
-            if r.family in (model.family, "*") and arch in r.archs
-            and (r.spec is None or r.spec == spec)
-            and (r.precision is None or r.precision == model.precision)
-            and (r.moe is None or r.moe == model.moe)
-            and (r.cc is None or cc.startswith(r.cc))]
-
-
 def flags_for(model, arch: str, spec: bool, supported, cc: str = "") -> list[tuple[str, object]]:
     """The recipe flags of `model` on `arch` (a GPU of compute capability `cc`); `supported(flag)`
     says whether the pinned vLLM has a flag undeprecated (for if_supported rows). A later row
     replaces an earlier value."""
     out: dict[str, object] = {}
-    for row in rows_for(model, arch, spec, cc):
+    for row in (r for r in RECIPES
+                if r.family in (model.family, "*") and arch in r.archs
+                and (r.spec is None or r.spec == spec)
+                and (r.precision is None or r.precision == model.precision)
+                and (r.moe is None or r.moe == model.moe)
+                and (r.cc is None or cc.startswith(r.cc))):
         for name, value in row.flags:
             if row.if_supported and not supported(name):
                 continue
