@@ -1,6 +1,6 @@
 """Multi-node serving groups: one model over several hosts, on vLLM's own distributed runtime.
 
-A pure part of the serving plan (planning.for_host calls `make_group_plan` for a host whose
+A pure part of the serving plan (desired.for_host calls `make_group_plan` for a host whose
 settings name a `serving_group`; it starts and finishes the plan as plan.make_plan does). Every member plans the same group from the same inputs -- the group's settings
 and every member's facts -- and takes its own rank's part, so the members cannot disagree.
 

@@ -71,10 +71,10 @@ def make_plan(host: str, gpus: list[Gpu], data, *, docker_version: str | None = 
               health: Health | None = None) -> Plan:
     """Decide what single host `host` serves. `data`: its Settings (the host spec's). Raises
     PlanError with one sentence on any impossibility. A member of a multi-node serving group is
-    planned by multinode.make_group_plan (planning.for_host chooses). `health`: see start()."""
+    planned by multinode.make_group_plan (desired.for_host chooses). `health`: see start()."""
     s, ctx, usable, warnings, selected, sick = start(gpus, data, local_meta, health)
     if s.serving_group:
-        raise PlanError(f"serving_group {s.serving_group} is planned over all its members (planning.for_host)")
+        raise PlanError(f"serving_group {s.serving_group} is planned over all its members (desired.for_host)")
     layouts = []
     for group in gpu_table.groups(usable):
         try:
