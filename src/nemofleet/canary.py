@@ -66,21 +66,12 @@ def parse(text: str) -> dict[tuple, float]:
         if not line.startswith(WANTED):
             continue
         m = _LINE.match(line) if len(line) <= MAX_LINE else None  # _LABEL is quadratic in a line's length
-        value = host_number(m.group(3), 0, COUNT_MAX, decimal=True) if m else None
-        if value is None:
+        if m is None or (value := host_number(m.group(3), 0, COUNT_MAX, decimal=True)) is None:
             out[UNREADABLE] = out.get(UNREADABLE, 0) + 1
             continue
-        assert m is not None
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
         out[(m.group(1), labels)] = value
     return out
-
-
-def _delta(prev: dict, cur: dict) -> dict:
-    """What was added between two samples of one instance; all of `cur` after a restart."""
-    if any(cur.get(k, 0.0) < v for k, v in prev.items()):
-        return dict(cur)  # a counter went down: the instance restarted, its counters began again at 0
-    return {k: v - prev.get(k, 0.0) for k, v in cur.items()}
 
 
 # ---------------------------------------------------------------------------- figures
@@ -211,14 +202,12 @@ class Window:
 
     def add(self, instance: str, samples: dict) -> None:
         self.unreadable[instance] = max(self.unreadable.get(instance, 0), int(samples.get(UNREADABLE, 0)))
-        if instance not in self.last:
-            self.last[instance] = samples
-            self.added[instance] = {}
-            return
-        d = _delta(self.last[instance], samples)
-        acc = self.added[instance]
-        for k, v in d.items():
-            acc[k] = acc.get(k, 0.0) + v
+        prev, acc = self.last.get(instance), self.added.setdefault(instance, {})
+        if prev is not None:  # add what was added since the last sample; all of it after a restart
+            # a counter went down: the instance restarted, its counters began again at 0
+            restarted = any(samples.get(k, 0.0) < v for k, v in prev.items())
+            for k, v in samples.items():
+                acc[k] = acc.get(k, 0.0) + (v if restarted else v - prev.get(k, 0.0))
         self.last[instance] = samples
 
     def figures(self) -> Figures:
