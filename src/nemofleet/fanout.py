@@ -60,9 +60,8 @@ class FanOut:
     def steps(self, hosts: list[str]) -> list[list[str]]:
         """`hosts` (one batch) in the order they may be deployed: step by step, a host without a
         copy to make in the first step."""
-        n = max([self.copies[h].step for h in hosts if h in self.copies] or [0])
-        return [s for s in ([h for h in hosts if (self.copies[h].step if h in self.copies else 0) == k]
-                            for k in range(n + 1)) if s]
+        step = {h: self.copies[h].step if h in self.copies else 0 for h in hosts}
+        return [s for s in ([h for h in hosts if step[h] == k] for k in range(max(step.values(), default=0) + 1)) if s]
 
     def lines(self) -> list[str]:
         return [c.line() for c in self.copies.values()]
@@ -183,8 +182,7 @@ def participants(specs: Mapping) -> tuple[dict, dict]:
     """({host: (repo, revision)} of the hosts of `specs` that take part (`wanted`), in its order;
     {host: where the other hosts reach it} for every host of `specs`), for a converge (for_run)
     and a rollout (fleet/rollout.py) alike."""
-    wants = {h: wanted(sp) for h, sp in specs.items() if not sp.gateway}
-    return ({h: k for h, k in wants.items() if k is not None},
+    return ({h: k for h, sp in specs.items() if not sp.gateway and (k := wanted(sp)) is not None},
             {h: sp.peer_address for h, sp in specs.items()})
 
 
