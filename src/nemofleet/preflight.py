@@ -67,14 +67,11 @@ def image_cuda(facts: factmodel.Facts, image: str, setting: str | None = None) -
 def after_plan(facts: factmodel.Facts, s: Settings, p: Plan) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of the checks over a host and the plan made for it: driver vs the
     image's CUDA, persistence mode, toolkit and Docker, disk for the weights."""
-    refusals: list[str] = []
-    warnings: list[str] = []
     try:
-        refused, warned = _driver_refusals(facts, s.vllm_image, s.vllm_image_cuda)
+        refused, warnings = _driver_refusals(facts, s.vllm_image, s.vllm_image_cuda)
     except vllm_flags.UnknownVersion as exc:
-        return [Refusal(str(exc), "vllm-version")], warnings
-    refusals += coded("driver", refused)
-    warnings += warned
+        return [Refusal(str(exc), "vllm-version")], []
+    refusals = coded("driver", refused)
     off = [str(x.index) for inst in p.instances for x in inst.gpus if x.persistence != "Enabled"]
     if off:
         warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
@@ -163,11 +160,8 @@ def _disk_refusals(facts: factmodel.Facts, p: Plan, s: Settings) -> list[str]:
     free = facts.disk_free
     if free is None:
         return []
-    present = 0
-    for d in p.downloads:
-        meta = facts.models.get(d["dir"].rsplit("/", 1)[-1])
-        if meta is not None and meta.complete:
-            present += p.model.weight_bytes if d["repo"] == p.model.repo else 0
+    present = sum(p.model.weight_bytes for d in p.downloads if (meta := facts.models.get(d["dir"].rsplit("/", 1)[-1]))
+                  is not None and meta.complete and d["repo"] == p.model.repo)
     need = int(max(0, p.model.weight_bytes - present) * 1.1)
     if free < need:
         return [f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
