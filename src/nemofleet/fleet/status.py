@@ -107,8 +107,7 @@ def unit_lines(lines: list[str], now: float) -> list[str]:
         parts = ln.split(" ", 3)
         if len(parts) < 3:
             continue  # not a line of the listing ("unit NAME" without a state)
-        unit, state = parts[1], parts[2]
-        what = parts[3] if len(parts) > 3 else ""
+        unit, state, what = (parts + [""])[1:4]
         name = unit.removeprefix("nemofleet-vllm-").removesuffix(".service")
         seen = last.get(name)
         age = f"{now - seen:.0f}s ago" if seen else "never"
