@@ -77,7 +77,13 @@ def after_plan(facts: factmodel.Facts, s: Settings, p: Plan) -> tuple[list[str],
         warnings.append(f"persistence mode is off on GPU {', '.join(off)} (slower starts, lost state between "
                         "jobs); enable nvidia-persistenced")
     refusals += coded("container-runtime", _runtime_refusals(facts.toolkit, facts.docker))
-    refusals += coded("disk", _disk_refusals(facts, p, s))
+    free = facts.disk_free  # disk for the weights, less what the host holds complete already
+    present = sum(p.model.weight_bytes for d in p.downloads if (meta := facts.models.get(d["dir"].rsplit("/", 1)[-1]))
+                  is not None and meta.complete and d["repo"] == p.model.repo)
+    need = int(max(0, p.model.weight_bytes - present) * 1.1)
+    if free is not None and free < need:
+        refusals.append(Refusal(f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
+                                f"{s.models_root}, {need / 1e9:.1f} GB needed (model + 10%)", "disk"))
     return refusals, warnings
 
 
@@ -154,16 +160,3 @@ def _runtime_refusals(tk: factmodel.Toolkit, docker: factmodel.Docker) -> list[s
     elif vt(docker.server) < MIN_DOCKER:
         out.append(f"Docker {docker.server} is too old; nemofleet needs 20.10 or newer (25+ for CDI)")
     return out
-
-
-def _disk_refusals(facts: factmodel.Facts, p: Plan, s: Settings) -> list[str]:
-    free = facts.disk_free
-    if free is None:
-        return []
-    present = sum(p.model.weight_bytes for d in p.downloads if (meta := facts.models.get(d["dir"].rsplit("/", 1)[-1]))
-                  is not None and meta.complete and d["repo"] == p.model.repo)
-    need = int(max(0, p.model.weight_bytes - present) * 1.1)
-    if free < need:
-        return [f"not enough disk for the weights: {free / 1e9:.1f} GB free under "
-                f"{s.models_root}, {need / 1e9:.1f} GB needed (model + 10%)"]
-    return []
