@@ -79,15 +79,13 @@ def absent_reads(paths) -> tuple:
 
 @reads_with(lambda paths, **_: absent_reads(paths) if paths else None)
 @operation(is_idempotent=True)
-def absent(paths: list[str], removed: set | None = None):
+def absent(paths: list[str]):
     """Remove files that should no longer exist."""
     current = fact(*absent_reads(paths)) if paths else {}
     gone = [p for p in sorted(paths) if current.get(p) is not None]
     if not gone:
         host.noop("nothing to remove")
         return
-    if removed is not None:
-        removed.update(gone)
     yield cmd("rm", "-f", "--", *gone)
 
 
