@@ -312,12 +312,12 @@ def _parts(b, names, rename=lambda name: name) -> list[tuple]:
     return [(rename(n), *bundle.upload(b, n)) for n in names]
 
 
-def probe_gpu_access(want: Desired, facts_record: str | None, force: bool | set = False, op=OPS) -> None:
+def probe_gpu_access(want: Desired, force: bool | set = False, op=OPS) -> None:
     g = want.gpu_probe
     assert g is not None  # a host that passed preflight has its probe
     op.gpu_access.survives_daemon_reload(
         name="GPU access survives systemctl daemon-reload (probe)", image=g.image, gpu_args=g.gpu_args,
-        signature=g.signature, remedy_hint=g.remedy_hint, force=force, recorded=facts_record)
+        signature=g.signature, remedy_hint=g.remedy_hint, force=force, recorded=want.gpu_access_record)
 
 
 def _serve(want: Desired, carried: Carried, op=OPS) -> None:
@@ -325,7 +325,7 @@ def _serve(want: Desired, carried: Carried, op=OPS) -> None:
     run (re)starts an instance through units.running."""
     # before any unit (re)starts: a host that would lose its GPUs is failed here. Probed again
     # whenever this run rewrites daemon.json's GPU keys (e.g. repairs a drifted cgroup driver).
-    probe_gpu_access(want, want.gpu_access_record, force=carried.daemon_changed, op=op)
+    probe_gpu_access(want, force=carried.daemon_changed, op=op)
     if want.networks:
         op.docker.networks(name="Frontend networks", wanted=want.networks)
     if want.previous_release and want.previous_release != want.release_id:
@@ -472,7 +472,7 @@ def gpu_probe_only() -> None:
     if not want.ok:
         return
     docker.image(name=f"Image {want.image}", ref=want.image, archive=want.image_archive)
-    probe_gpu_access(want, want.gpu_access_record, force=True)
+    probe_gpu_access(want, force=True)
     runlock.guard()
 
 

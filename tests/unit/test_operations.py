@@ -166,14 +166,35 @@ def test_the_read_an_operation_declares_is_the_first_it_asks(path: Path):
 
 # what an operation's decision helper (operations.predicts) says it will do, for each fixture
 # case of that operation: the deploy adds the operations that follow from it on this answer
+def uploaded(r) -> dict:
+    """{temp file: content} of what an operation uploaded (atomic_put uploads to temp_path(path))."""
+    return {c[1]: c[2] for c in r.commands if isinstance(c, list) and c[0] == "upload"}
+
+
+def written_paths(kw, r) -> set:
+    """The paths of files.managed's `files` that the operation wrote."""
+    from nemofleet.operations import temp_path
+    return {p for p in kw["files"] if temp_path(p) in uploaded(r)}
+
+
+def written_keys(kw, r, facts) -> set:
+    """The daemon.json keys that differ between the fixture's file and the one the operation wrote."""
+    from nemofleet.operations import daemon_json, temp_path
+    path = kw.get("path", daemon_json.DAEMON_JSON)
+    text = uploaded(r).get(temp_path(path))
+    if text is None:
+        return set()
+    return daemon_json.differing_keys(facts["DaemonJson"][f"path={path}"]["data"], json.loads(text))
+
+
 PREDICTS = {
-    "files.managed": ("will_change", lambda kw, r, got: got == r.kwargs["changed"]),
-    "daemon_json.configured": ("changed_keys", lambda kw, r, got: got == r.kwargs["changed"]),
-    "units.running": ("running_plan", lambda kw, r, got: got.changes() == bool(r.commands)
+    "files.managed": ("will_change", lambda kw, r, got, facts: got == written_paths(kw, r)),
+    "daemon_json.configured": ("changed_keys", lambda kw, r, got, facts: got == written_keys(kw, r, facts)),
+    "units.running": ("running_plan", lambda kw, r, got, facts: got.changes() == bool(r.commands)
                       and set(got.deferred) == (r.kwargs.get("deferred") or set())),
-    "units.enabled_and_active": ("will_enable_or_start", lambda kw, r, got: got == bool(r.commands)),
-    "frontdoor.configured": ("will_change", lambda kw, r, got: got == bool(r.commands)),
-    "packages.installed": ("will_install", lambda kw, r, got: bool(got) == bool(r.commands)),
+    "units.enabled_and_active": ("will_enable_or_start", lambda kw, r, got, facts: got == bool(r.commands)),
+    "frontdoor.configured": ("will_change", lambda kw, r, got, facts: got == bool(r.commands)),
+    "packages.installed": ("will_install", lambda kw, r, got, facts: bool(got) == bool(r.commands)),
 }
 PREDICTED = [p for p in CASES if p.parent.name in PREDICTS]
 
@@ -193,8 +214,6 @@ def test_a_decision_helper_says_what_its_operation_does(path: Path):
     assert hasattr(helper, "unknown"), "declared with operations.predicts (the recorder answers it before facts)"
     op = load_op(path.parent.name)
     kwargs = dict(case.get("kwargs", {}))
-    if "changed" in inspect.signature(op._inner).parameters and module != "units":
-        kwargs["changed"] = ["set:"]  # filled by the operation as it runs
     if path.parent.name == "units.running" and "deferred" in kwargs:
         kwargs["deferred"] = ["set:"]
     h = case.get("host", {})
@@ -203,7 +222,7 @@ def test_a_decision_helper_says_what_its_operation_does(path: Path):
     result = run(op, kwargs=kwargs, **where)
     accepted = set(inspect.signature(helper).parameters)
     got = call(helper, {k: v for k, v in kwargs.items() if k in accepted}, **where)
-    assert PREDICTS[path.parent.name][1](kwargs, result, got), (got, result.commands, result.kwargs)
+    assert PREDICTS[path.parent.name][1](kwargs, result, got, case.get("facts", {})), (got, result.commands, result.kwargs)
 
 
 def test_an_image_archive_under_home_is_found_on_the_controller(tmp_path, monkeypatch):

@@ -153,7 +153,7 @@ def changed_keys(desired: dict, defaults: dict | None = None, path: str = DAEMON
 
 @reads_with(lambda path=DAEMON_JSON, **_: (DaemonJson, {"path": path}))
 @operation(is_idempotent=True)
-def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_JSON, changed: set | None = None):
+def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_JSON):
     """Merge nemofleet's keys into daemon.json; reload Docker for reloadable keys, restart otherwise.
 
     desired: keys nemofleet owns, set on every run ({key: value}; None removes the key). Two keys
@@ -165,8 +165,8 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
       setting asks for them explicitly); for `runtimes`/`features`, entries missing from the file.
     Every other key in the file (data-root, bip, ...) is kept. The file is written only when the
     parsed JSON differs, so a host whose file already satisfies this changes nothing and Docker
-    (and, through Requires=, every vLLM unit) is not restarted. The keys that change are added to
-    `changed` (read by the GPU access probe).
+    (and, through Requires=, every vLLM unit) is not restarted. changed_keys() says beforehand
+    which keys change (read by the GPU access probe).
     """
     try:
         validate_settings({**(defaults or {}), **desired})
@@ -183,8 +183,6 @@ def configured(desired: dict, defaults: dict | None = None, path: str = DAEMON_J
         host.noop(f"{path} already holds nemofleet's keys")
         return
     restart = needs_restart(current["data"], merged)
-    if changed is not None:
-        changed.update(differing_keys(current["data"], merged))
     action = "restart" if restart else "reload"
     text = render(merged)
     if state.config.DIFF:

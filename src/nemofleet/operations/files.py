@@ -41,13 +41,11 @@ def will_change(files: dict[str, tuple[str, str]], dirs: dict[str, str] | None =
 
 @reads_with(lambda files, dirs=None, **_: reads(files, dirs))
 @operation(is_idempotent=True)
-def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secret: bool = False,
-            dirs: dict[str, str] | None = None):
+def managed(files: dict[str, tuple[str, str]], secret: bool = False, dirs: dict[str, str] | None = None):
     """Make each path hold exactly `content` with `mode` ({path: (content, "0644")}).
 
-    Paths that differ are added to `changed` as the operation runs (will_change() says the same
-    before it is added). With `secret`, contents are never shown in --diff output. `dirs`
-    ({dir: mode}) are created first.
+    will_change() says beforehand which paths differ. With `secret`, contents are never shown in
+    --diff output. `dirs` ({dir: mode}) are created first.
     """
     dirs = dirs or {}
     bad_dirs, todo = differences(files, dirs, fact(*reads(files, dirs)))
@@ -57,8 +55,6 @@ def managed(files: dict[str, tuple[str, str]], changed: set | None = None, secre
     for d, mode in bad_dirs:
         yield cmd("install", "-d", "-m", mode, "--", d)
     for path, content, mode, cur in todo:
-        if changed is not None:
-            changed.add(path)
         if state.config.DIFF:
             host.log(f"Will {'modify' if cur else 'create'} {path}", logger.info)
             # a 0600 file is kept from other users because it may hold a secret (the dockerd proxy
@@ -79,15 +75,13 @@ def absent_reads(paths) -> tuple:
 
 @reads_with(lambda paths, **_: absent_reads(paths) if paths else None)
 @operation(is_idempotent=True)
-def absent(paths: list[str], removed: set | None = None):
+def absent(paths: list[str]):
     """Remove files that should no longer exist."""
     current = fact(*absent_reads(paths)) if paths else {}
     gone = [p for p in sorted(paths) if current.get(p) is not None]
     if not gone:
         host.noop("nothing to remove")
         return
-    if removed is not None:
-        removed.update(gone)
     yield cmd("rm", "-f", "--", *gone)
 
 

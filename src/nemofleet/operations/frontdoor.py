@@ -34,7 +34,7 @@ def will_change(path: str, content: str) -> bool:
 
 @reads_with(lambda path, **_: reads(path))
 @operation(is_idempotent=True)
-def configured(path: str, content: str, changed: set | None = None, role: str = "front door"):
+def configured(path: str, content: str, role: str = "front door"):
     """`path` holds `content` (0644), but only a config that `haproxy -c` accepts replaces the
     live one: a refused config is removed and the host fails with one sentence (HAProxy's first
     ALERT line in it); the live file and the running proxy are untouched. `role`: what the
@@ -42,8 +42,6 @@ def configured(path: str, content: str, changed: set | None = None, role: str = 
     if not will_change(path, content):
         host.noop("front door config up to date")
         return
-    if changed is not None:
-        changed.add(path)
     q, tmp = shell.quote, temp_path(path)
     before, after = refusal(host.name, path, role)
     validate = (f"if ! out=$(timeout 30 haproxy -c -q -f {q(tmp)} 2>&1); then rm -f {q(tmp)}; "

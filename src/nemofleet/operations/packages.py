@@ -93,14 +93,13 @@ def unmet(have: dict, names: list[str], version: str) -> list[str]:
 
 @operation(is_idempotent=True)
 def pinned(packages: list[str], version: str, pin_file: str, label: str, source: dict | None = None,
-           conflicting: list[str] | None = None, after_install: str | None = None, changed: set | None = None,
-           debs: list | None = None):
+           conflicting: list[str] | None = None, after_install: str | None = None, debs: list | None = None):
     """`packages` installed at `version` (exact, or a glob like '580.*'), pinned and held.
 
     source: {"list": path, "line": "deb [signed-by=KEYRING] URL /", "keyring": path, "key": bytes}
     (None: the host's own apt sources). conflicting: old source lists that make apt fail
     ("Conflicting values set for option Signed-By"), removed. after_install runs only when
-    packages were installed or changed; `changed` gets `label` then. debs: [(name, bytes, SHA-256)]
+    packages were installed or changed. debs: [(name, bytes, SHA-256)]
     of a signed bundle, installed from the files instead of any repository (source is then None).
     """
     files: dict[str, bytes] = {pin_file: (f"# Managed by nemofleet: pin {label} to {version}\n"
@@ -124,8 +123,6 @@ def pinned(packages: list[str], version: str, pin_file: str, label: str, source:
     for path in stale:
         yield from atomic_put(files[path], path, "0644")
     if wrong or (stale and source and source["list"] in stale):
-        if changed is not None:
-            changed.add(label)
         q = shell.quote
         update = APT_UPDATE
         if source:  # only this repository: no other source is contacted, and it is fast

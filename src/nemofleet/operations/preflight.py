@@ -27,10 +27,10 @@ def verdict(refusals: list[str], warnings: list[str] | None = None):
     host.noop("preflight passed")
 
 
-def dry_run(argv=None) -> bool:
+def dry_run() -> bool:
     """Whether this is `pyinfra --dry`: pyinfra decides it after the operations are prepared and
     keeps it out of its state, so the command line is what says it."""
-    return "--dry" in (sys.argv if argv is None else argv)[1:]
+    return "--dry" in sys.argv[1:]
 
 
 def say_if_dry(refusals: list[str]) -> None:
