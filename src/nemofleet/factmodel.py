@@ -10,12 +10,11 @@ host.
 Each model's fields say their range with metadata the sentence walker reads (`Int(min, max)`,
 `Check(problem)`, `TEXT`, `Keys(problem)`); a plain `str` is one line of at most MAX_TEXT printable
 characters, since facts are echoed into sentences, units and files; numbers are finite; int and
-float never take a bool. `PARTS` (what facts/schema.py exports and a facts file must hold) are
+float never take a bool. `PARTS` (what a facts file must hold) are
 Facts' own fields, and the walker reads the models' annotations themselves (no spec of its own),
 so the type a part is checked against and the type the decision reads are the same declaration.
 
-Layer: pure (no pyinfra, nothing from facts/, operations/ or fleet/): facts/schema.py and
-facts/host.py below it use it to check what a fact printed; inputs.py builds `Facts` with it.
+Layer: pure (no pyinfra, nothing from facts/, operations/ or fleet/): facts/host.py below it uses it to check what a fact printed; inputs.py builds `Facts` with it.
 """
 
 from __future__ import annotations

@@ -97,10 +97,6 @@ def ordered(flags: list[tuple[str, object]]) -> list[tuple[str, object]]:
 
 def from_settings(s) -> list[tuple[str, object]]:
     """The flags that are a setting's value, for the settings `s` (None for a switch)."""
-    out = []
-    for e in FROM_SETTINGS:
-        value = getattr(s, e.setting)
-        if value is None or value is False or value == "":
-            continue
-        out.append((e.flag, None if value is True else value))
-    return out
+    values = [(e.flag, getattr(s, e.setting)) for e in FROM_SETTINGS]
+    return [(flag, None if value is True else value) for flag, value in values
+            if not (value is None or value is False or value == "")]

@@ -63,7 +63,7 @@ def member_address(addresses: Mapping, s) -> tuple[str, str] | str:
         if (want and iface != want) or (not want and _PLUMBING.match(iface)):
             continue
         for a in addrs:
-            # the facts' schema typed the address (facts/schema.py); the scope id (fe80::1%eth0)
+            # the facts' schema typed the address (factmodel.py); the scope id (fe80::1%eth0)
             # is dropped here, so what reaches the workers' units is the address alone
             try:
                 ip = ipaddress.ip_address(str(a).partition("%")[0])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import traceback
 from copy import copy
 
 import pyinfra
@@ -53,19 +54,11 @@ def _lineno(frame) -> int:
 
 def operation_order_from_stack(state, _frame=None) -> list[int]:
     """`pyinfra.api.util.get_operation_order_from_stack(state)`, from the frames alone."""
-    frames = []
-    f = _frame or sys._getframe(1)
-    while f is not None:
-        frames.append(f)
-        f = f.f_back
-    frames.reverse()
+    frames = [fr for fr, _ in traceback.walk_stack(_frame or sys._getframe(1))][::-1]
     i = 0
     if state.current_deploy_filename:
-        for i, fr in enumerate(frames):
-            if fr.f_code.co_filename == state.current_deploy_filename:
-                break
-        else:  # not on the stack: pyinfra's loop ends on its own frame (last), which it then skips
-            i = len(frames)
+        i = next((i for i, fr in enumerate(frames) if fr.f_code.co_filename == state.current_deploy_filename),
+                 len(frames))  # not on the stack: pyinfra's loop ends on its own frame (last), which it then skips
     line_numbers = []
     if pyinfra.is_cli:
         line_numbers.append(state.current_op_file_number)

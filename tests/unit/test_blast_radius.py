@@ -2,7 +2,7 @@
 
 A serving group's head address, as read from the head, reaches every worker's unit and health
 script; a GPU UUID reaches `docker run --gpus`; a seed key file reaches authorized_keys. Each is
-typed at the edge (facts/schema.py, secret.py) and then only ever an argument.
+typed at the edge (factmodel.py, secret.py) and then only ever an argument.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from nemofleet import render, settings
-from nemofleet.facts import schema
+from nemofleet import factmodel as schema
 from nemofleet.facts.docker import HostAddresses
 from nemofleet.facts.host import read_part
 from nemofleet.multinode import member_address

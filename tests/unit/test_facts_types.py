@@ -1,12 +1,12 @@
 """Facts with wrong types -- in a facts file (`nemofleet plan --facts`) or printed by a fact on the
-host -- refuse that host in one sentence, never with a traceback (facts/schema.py)."""
+host -- refuse that host in one sentence, never with a traceback (factmodel.py)."""
 import copy
 import json
 
 import pytest
 
 from nemofleet import desired
-from nemofleet.facts import schema
+from nemofleet import factmodel as schema
 from nemofleet.facts.host import HostFacts, facts_file_problem, read_part
 from nemofleet.facts.weights import ModelsOnDisk
 from test_desired import REV, SECRETS, facts

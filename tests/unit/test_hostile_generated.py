@@ -30,7 +30,7 @@ import types
 import pytest
 
 from nemofleet import cli, desired, factmodel, inputs, settings
-from nemofleet.facts import schema
+from nemofleet import factmodel as schema
 from nemofleet.facts.host import HostFacts
 from test_plan import FIXTURES
 

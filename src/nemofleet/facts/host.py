@@ -7,7 +7,7 @@ from .. import shell  # the one quoting boundary
 from pyinfra.api.exceptions import FactProcessError
 
 from . import PARTS, Fact
-from ..factmodel import Facts
+from ..factmodel import Facts, part_problem
 
 from ..settings import BY_NAME, DEFAULT_IMAGE
 from ..valuetypes import host_number, key_values
@@ -16,7 +16,6 @@ from ..lock import fact as _lock_fact  # noqa: F401  (the lock's part: its fact 
 from .gpu import TIMED_OUT
 from .gpuhealth import SMI_HUNG
 from . import engine
-from .schema import part_problem
 
 
 class CgroupVersion(Fact, part="cgroup"):
@@ -174,7 +173,7 @@ def known_reads(facts: dict, models_root: str, image: str) -> list[tuple]:
 
 def facts_file_problem(host: str, facts) -> str | None:
     """One sentence when a facts file's entry for `host` is not a whole HostFacts of the declared
-    types (facts/schema.py), None when it is."""
+    types (factmodel.py), None when it is."""
     if not isinstance(facts, dict):
         return f"the facts file's entry for {host} is not an object of HostFacts parts"
     for key in (*HostFacts.PARTS, "errors"):
@@ -193,7 +192,7 @@ def facts_file_problem(host: str, facts) -> str | None:
 
 def read_part(key: str, fact: Fact, lines: list[str]):
     """(value, None) or (fallback value, sentence) for one HostFacts part: the fact's own reading
-    (Fact.read_output: never a traceback) and the part's declared type (facts/schema.py)."""
+    (Fact.read_output: never a traceback) and the part's declared type (factmodel.py)."""
     try:
         value, why = fact.read_output(lines)
     except FactProcessError as exc:

@@ -50,9 +50,8 @@ class Batch(Fact):
         facts = [(_cls(path)(), json.loads(kw)) for path, kw in parts]
         # the Docker parts share one read of the engine (facts/engine.py), in a section of its own
         read, shared = engine.shared(facts)
-        chunks = [f"echo '{MARK}{ENGINE}'; ( {read} ) 2>/dev/null; echo \"{RC}$?\""] if read else []
-        for i, cmd in enumerate(shared):
-            chunks.append(f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\"")
+        chunks = [f"echo '{MARK}{i}'; ( {cmd} ) 2>/dev/null; echo \"{RC}$?\""
+                  for i, cmd in ([(ENGINE, read)] if read else []) + list(enumerate(shared))]
         return "; ".join(chunks) + "; true" if chunks else "true"
 
     def parse(self, output):
@@ -84,20 +83,17 @@ def load(wanted: list[tuple[type[FactBase], dict]]) -> int:
     cache = _CACHE.setdefault(current_host.name, {})
     cache.clear()
     cache.update(_KNOWN.pop(current_host.name, {}))  # read once already in this run: not again
-    todo, seen = [], set()
+    todo: dict[str, tuple[type[FactBase], dict]] = {}  # fact key -> (class, kwargs): the first asked of each key
     for cls, kwargs in wanted:
-        k = key(cls, kwargs)
-        if k in cache or k in seen:
-            continue
-        seen.add(k)
-        todo.append((cls, kwargs, k))
+        if (k := key(cls, kwargs)) not in cache:
+            todo.setdefault(k, (cls, kwargs))
     if not todo:
         return 0
     parts = tuple((f"{cls.__module__}.{cls.__name__}", json.dumps(kw, sort_keys=True, default=list))
-                  for cls, kw, _ in todo)
+                  for cls, kw in todo.values())
     sections = current_host.get_fact(Batch, parts=parts)
     read = sections.get(ENGINE) or []
-    for i, (cls, kwargs, k) in enumerate(todo):
+    for i, (k, (cls, _)) in enumerate(todo.items()):
         lines = sections.get(i)
         if lines is None:
             continue

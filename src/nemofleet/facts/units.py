@@ -24,7 +24,6 @@ class UnitStates(Fact):
     def parse(self, output):
         units: dict[str, dict] = {}
         files: list[str] = []
-        out = {"units": units, "files": files}
         for line in output:
             parts = line.split()
             if len(parts) < 2:
@@ -34,4 +33,4 @@ class UnitStates(Fact):
                                           "active": parts[3:4] == ["active"] or parts[2:3] == ["active"]}
             elif parts[:1] == ["file"]:
                 files.append(parts[1])
-        return out
+        return {"units": units, "files": files}

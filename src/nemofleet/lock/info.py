@@ -75,20 +75,15 @@ def until(info: dict, now: float | None = None) -> str:
     return f"expired at {when}" if left <= 0 else f"expires {when} (in {left / 60:.0f} min)"
 
 
-def holds(info: dict, token: str | None) -> bool:
-    """Whether `token` is the lock's: the info file keeps its SHA-256 (`token_sha256`); a dict
-    built by hand may carry the token itself."""
-    if not token:
-        return False
-    return info.get("token_sha256") == token_digest(token) or info.get("token") == token
-
-
 def lock_refusal(info: dict | None, token: str | None, now: float) -> str | None:
     """The sentence a deploy's preflight refuses with while another holds the lock, or None when
     it may go on: no lock, the lock is ours (the rollout that holds it exported its token as
     NEMOFLEET_LOCK_TOKEN, or this plain run took it: nemofleet.lock.run), or it expired (the next
     take, a rollout's or a plain run's first change, takes such a lock over and says whose)."""
-    if not info or expired(info, now) or holds(info, token):
+    if not info or expired(info, now):
+        return None
+    # ours: the info file keeps the token's SHA-256 (`token_sha256`); a dict built by hand may carry the token itself
+    if token and (info.get("token_sha256") == token_digest(token) or info.get("token") == token):
         return None
     return (f"this host is locked by {describe(info)}, {until(info, now)}; wait for it "
             "(`nemofleet lock status`) or, if it is abandoned, `nemofleet lock release --force`")

@@ -9,7 +9,7 @@ path (weights_check.py, check mode), done here in the same python -- "marker_ok"
 the marker lists is still of its size (the deploy then asks no more).
 
 The files are input that may be wrong: a value of the wrong type is left out (the controller
-types what it reads, facts/schema.py), a file that is not a regular file (a link, a FIFO) is
+types what it reads, factmodel.py), a file that is not a regular file (a link, a FIFO) is
 never read and is no marker, and no file outside ROOT is looked at because of what a marker lists
 or through a link inside a model directory.
 """
