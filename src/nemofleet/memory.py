@@ -202,10 +202,9 @@ def block_bytes(model, mamba_seq: int) -> int:
     Mamba layer's state (unify_hybrid_kv_cache_specs), and the pool is split into `group size`
     tensors, the group size being the fewer of the layer kinds (the attention layers here, unless
     the two counts are within 1.5x: _get_kv_cache_groups_uniform_page_size), so a block costs
-    group size x one layer's state. Without the Mamba layer count a block is taken as a whole
-    sequence's state. Without the Mamba layer count (the catalog does not know it; the checkpoint's
-    hybrid_override_pattern gives it once the weights are on the host) the block cannot be sized,
-    and the check is left to vLLM rather than refusing what it may accept (0: no check)."""
+    group size x one layer's state. Without the Mamba layer count (the catalog does not know it; the
+    checkpoint's hybrid_override_pattern gives it once the weights are on the host) the block cannot
+    be sized, and the check is left to vLLM rather than refusing what it may accept (0: no check)."""
     layers, attn = model.mamba_layers, model.attention_layers
     if not mamba_seq or not layers:
         return 0
